@@ -1,0 +1,168 @@
+"""Experience records and the padded batch the trainer consumes.
+
+An :class:`Experience` is one sampled completion: prompt tokens, response tokens, the
+behaviour policy's log-probs of those response tokens, its scalar reward, and the
+policy version that generated it (so buffers and losses can reason about staleness).
+
+:func:`collate` packs a list of experiences into one :class:`ExperienceBatch`:
+
+* prompts are **left**-padded so that every prompt ends at column ``P = max prompt
+  length``; responses start at column ``P`` and are **right**-padded. A causal LM's
+  logits at columns ``P - 1 … P + R - 2`` therefore predict the response tokens, for
+  every row at once, with no per-row indexing.
+* ``position_ids`` count only real tokens, so left padding does not shift positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from asyncrlhf._checks import check_float, check_integer, check_rank, check_tensor
+
+__all__ = ["Experience", "ExperienceBatch", "collate"]
+
+
+@dataclass(slots=True, eq=False)
+class Experience:
+    """One completion and everything training needs to know about it.
+
+    Attributes:
+        prompt_ids: LongTensor[P], the prompt tokens.
+        response_ids: LongTensor[R], the generated tokens (EOS included when sampled).
+        logprobs: Tensor[R], float32 behaviour log-probs of ``response_ids`` under the
+            distribution actually sampled from.
+        reward: scalar reward of the response.
+        policy_version: version of the policy that generated the response.
+        prompt_id: key of the prompt; the GRPO group key.
+        advantage: filled by a group-aware buffer (or the trainer) when known.
+    """
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    logprobs: torch.Tensor
+    reward: float
+    policy_version: int
+    prompt_id: Hashable
+    advantage: float | None = None
+    metadata: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_ids", "response_ids", "logprobs"):
+            value = check_tensor(name, getattr(self, name))
+            check_rank(name, value, 1)
+        check_integer("prompt_ids", self.prompt_ids)
+        check_integer("response_ids", self.response_ids)
+        check_float("logprobs", self.logprobs)
+        if self.logprobs.shape != self.response_ids.shape:
+            raise ValueError(
+                f"logprobs has shape {tuple(self.logprobs.shape)} but response_ids has shape "
+                f"{tuple(self.response_ids.shape)}: one log-prob per response token"
+            )
+        if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int):
+            raise TypeError(f"policy_version must be an int, got {self.policy_version!r}")
+
+
+@dataclass(slots=True)
+class ExperienceBatch:
+    """A padded batch of experiences (B rows, prompt width P, response width R).
+
+    Attributes:
+        input_ids: LongTensor[B, P + R], left-padded prompt then right-padded response.
+        attention_mask: LongTensor[B, P + R], 1 on real tokens.
+        position_ids: LongTensor[B, P + R], positions counting real tokens only.
+        response_mask: BoolTensor[B, R], True on real response tokens.
+        response_ids: LongTensor[B, R].
+        old_logprobs: Tensor[B, R], behaviour log-probs, 0 on padding.
+        rewards: Tensor[B].
+        advantages: Tensor[B] (NaN where an experience had no advantage yet).
+        policy_versions: LongTensor[B].
+        prompt_width: P, the column where responses start.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    response_ids: torch.Tensor
+    old_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    policy_versions: torch.Tensor
+    prompt_width: int
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> ExperienceBatch:
+        """Return a copy with every tensor on ``device``."""
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
+        return ExperienceBatch(**moved)
+
+
+def _pad(rows: Sequence[torch.Tensor], value: float, left: bool) -> torch.Tensor:
+    # pad_sequence only gained padding_side in recent torch; flipping keeps torch>=2.4.
+    if left:
+        rows = [r.flip(0) for r in rows]
+    padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
+    return padded.flip(1) if left else padded
+
+
+def collate(
+    experiences: Sequence[Experience],
+    pad_token_id: int,
+    device: torch.device | str | None = None,
+) -> ExperienceBatch:
+    """Pack experiences into an :class:`ExperienceBatch` (layout in the module docstring).
+
+    Args:
+        experiences: at least one experience.
+        pad_token_id: token id written on padding positions.
+        device: where the batch lives; defaults to the first experience's device.
+
+    Returns:
+        The padded batch.
+
+    Example:
+        >>> e = Experience(torch.tensor([5, 6]), torch.tensor([7]), torch.tensor([-0.5]),
+        ...                reward=1.0, policy_version=0, prompt_id="p")
+        >>> f = Experience(torch.tensor([5]), torch.tensor([8, 2]), torch.tensor([-1.0, -2.0]),
+        ...                reward=0.0, policy_version=1, prompt_id="q")
+        >>> batch = collate([e, f], pad_token_id=0)
+        >>> batch.input_ids.tolist()
+        [[5, 6, 7, 0], [0, 5, 8, 2]]
+        >>> batch.position_ids.tolist()
+        [[0, 1, 2, 2], [0, 0, 1, 2]]
+    """
+    if len(experiences) == 0:
+        raise ValueError("experiences must not be empty")
+    if device is None:
+        device = experiences[0].response_ids.device
+    prompts = _pad([e.prompt_ids for e in experiences], pad_token_id, left=True)  # (B, P)
+    responses = _pad([e.response_ids for e in experiences], pad_token_id, left=False)  # (B, R)
+    logprobs = _pad([e.logprobs.float() for e in experiences], 0.0, left=False)  # (B, R)
+    prompt_mask = _pad([torch.ones_like(e.prompt_ids) for e in experiences], 0, left=True)
+    response_mask = _pad([torch.ones_like(e.response_ids) for e in experiences], 0, left=False)
+
+    input_ids = torch.cat([prompts, responses], dim=1)  # (B, P + R)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # (B, P + R)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
+    advantages = [float("nan") if e.advantage is None else e.advantage for e in experiences]
+    batch = ExperienceBatch(
+        input_ids=input_ids.long(),
+        attention_mask=attention_mask.long(),
+        position_ids=position_ids.long(),
+        response_mask=response_mask.bool(),
+        response_ids=responses.long(),
+        old_logprobs=logprobs,
+        rewards=torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        policy_versions=torch.tensor([e.policy_version for e in experiences], dtype=torch.long),
+        prompt_width=prompts.shape[1],
+    )
+    return batch.to(device)
