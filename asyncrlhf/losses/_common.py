@@ -1,0 +1,99 @@
+"""Input checks and statistics shared by the policy losses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asyncrlhf._checks import check_float, check_rank, check_same_shape, check_tensor
+
+__all__ = ["PolicyInputs", "check_clip_eps", "masked_mean", "prepare_inputs", "ratio_metrics", "to_floats"]
+
+
+@dataclass(slots=True)
+class PolicyInputs:
+    """Validated loss inputs, all (B, L) and on ``logprobs``' device."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor  # broadcast to (B, L)
+    mask: torch.Tensor  # float 0/1
+    log_ratio: torch.Tensor  # logprobs - old_logprobs, 0 on masked tokens
+    ratio: torch.Tensor
+
+
+def prepare_inputs(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> PolicyInputs:
+    """Validate shapes and dtypes, broadcast advantages, and form the ratio."""
+    for name, value in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", advantages)):
+        check_tensor(name, value)
+        check_float(name, value)
+    check_rank("logprobs", logprobs, 2)
+    check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
+    check_rank("advantages", advantages, (1, 2))
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logprobs.shape[0]:
+            raise ValueError(
+                f"advantages has shape {tuple(advantages.shape)}: expected ({logprobs.shape[0]},) "
+                f"or {tuple(logprobs.shape)} to match logprobs"
+            )
+        advantages = advantages[:, None]  # (B, 1)
+    else:
+        check_same_shape("advantages", advantages, "logprobs", logprobs)
+    advantages = advantages.to(logprobs.dtype).expand_as(logprobs)  # (B, L)
+    if mask is None:
+        mask_f = torch.ones_like(logprobs)
+    else:
+        check_tensor("mask", mask)
+        check_same_shape("mask", mask, "logprobs", logprobs)
+        mask_f = mask.to(logprobs.dtype)
+    old = old_logprobs.detach()
+    # Zero the log-ratio on padding so garbage there can neither overflow exp() nor
+    # reach the gradient through 0 * inf = NaN.
+    log_ratio = torch.where(mask_f > 0, logprobs - old, torch.zeros_like(logprobs))
+    return PolicyInputs(logprobs, old, advantages, mask_f, log_ratio, torch.exp(log_ratio))
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over ``mask`` (float 0/1); 0 where the mask is empty."""
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp_min(1.0)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp_min(1.0)
+
+
+@torch.no_grad()
+def ratio_metrics(inputs: PolicyInputs) -> dict[str, torch.Tensor]:
+    """Ratio statistics over valid tokens, as 0-d tensors (no host sync yet)."""
+    mask = inputs.mask
+    valid = mask > 0
+    ratio = inputs.ratio
+    log_ratio = inputs.log_ratio
+    ninf = torch.tensor(float("-inf"), device=ratio.device, dtype=ratio.dtype)
+    return {
+        "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": torch.where(valid, ratio, ninf).amax() if ratio.numel() else ninf,
+        # M2: the second moment of the log-ratio (M2PO's trust-region statistic).
+        "m2": masked_mean(log_ratio.square(), mask),
+        # k3 estimator of KL(behaviour || current): r - 1 - log r >= 0.
+        "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
+    }
+
+
+def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Move all metric tensors to the host in one transfer (one sync, not one per key)."""
+    if not metrics:
+        return {}
+    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
+    return dict(zip(metrics.keys(), values, strict=True))
+
+
+def check_clip_eps(clip_eps: float) -> float:
+    """Validate the PPO clip range ε ∈ (0, 1)."""
+    if isinstance(clip_eps, bool) or not isinstance(clip_eps, int | float) or not 0.0 < clip_eps < 1.0:
+        raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps!r}")
+    return float(clip_eps)

@@ -1,0 +1,131 @@
+"""GRPO: group-relative advantages and the clipped surrogate without a critic.
+
+Shao et al., 2024, "DeepSeekMath", arXiv:2402.03300, §4.1 (outcome supervision):
+    Â_i = (R_i − mean(R_group)) / std(R_group)
+Liu et al., 2025, "Understanding R1-Zero-Like Training" (Dr. GRPO), arXiv:2503.20783:
+    drop the std division (``scale=False``) and the per-sequence length normalisation
+    (``loss_agg="seq-mean-token-sum-norm"``).
+KL to a frozen reference with Schulman's k3 estimator, exp(q − p) − (q − p) − 1 ≥ 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from asyncrlhf._checks import check_float, check_positive_int, check_rank, check_same_shape, check_tensor
+from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
+from asyncrlhf.losses.ppo import clipped_surrogate
+
+__all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages"]
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+_LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8, scale: bool = True) -> torch.Tensor:
+    """Group-normalised advantages.
+
+    Args:
+        rewards: Tensor[N·G] laid out group after group, or Tensor[N, G].
+        group_size: G, completions per prompt.
+        eps: added to the population std before dividing.
+        scale: divide by the std (GRPO); False gives R − μ_g (Dr. GRPO).
+
+    Returns:
+        Advantages with the shape of ``rewards``. A group whose rewards are all equal
+        gets exact zeros (never NaN, never ±(rounding error)/eps).
+
+    Example:
+        >>> group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2).tolist()
+        [1.0, -1.0, 0.0, 0.0]
+    """
+    check_tensor("rewards", rewards)
+    check_rank("rewards", rewards, (1, 2))
+    group_size = check_positive_int("group_size", group_size)
+    if rewards.numel() % group_size != 0 or (rewards.dim() == 2 and rewards.shape[1] != group_size):
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of group_size={group_size}")
+    values = rewards.float().reshape(-1, group_size)  # (N, G)
+    mean = values.mean(dim=1, keepdim=True)  # (N, 1)
+    centred = values - mean
+    if scale:
+        std = values.std(dim=1, unbiased=False, keepdim=True)  # population std, (N, 1)
+        centred = centred / (std + eps)
+    # Equal rewards carry no signal; rounding in the mean must not turn into one.
+    constant = values.amax(dim=1, keepdim=True) == values.amin(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(centred), centred).view_as(rewards)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg) -> torch.Tensor:
+    """Reduce a (B, L) per-token loss to a scalar.
+
+    ``token-mean``: every valid token weighs the same across the batch.
+    ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
+    ``seq-mean-token-sum-norm``: mean over sequences of token sums divided by the
+    constant L (Dr. GRPO: no length bias).
+    """
+    if loss_agg == "token-mean":
+        return masked_mean(per_token, mask)
+    if loss_agg == "seq-mean-token-mean":
+        has_tokens = (mask.sum(dim=1) > 0).to(mask.dtype)  # (B,)
+        per_seq = masked_mean(per_token, mask, dim=1)  # (B,)
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+    if loss_agg == "seq-mean-token-sum-norm":
+        per_seq = (per_token * mask).sum(dim=1) / max(per_token.shape[1], 1)  # (B,)
+        return per_seq.mean() if per_seq.numel() else per_seq.sum()
+    raise ValueError(f"loss_agg must be one of {_LOSS_AGGS}, got {loss_agg!r}")
+
+
+def compute_grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    loss_agg: LossAgg = "seq-mean-token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO loss: clipped surrogate on per-sequence advantages, plus k3 KL.
+
+    Args:
+        logprobs: Tensor[B, L], current policy log-probs (carries the gradient).
+        old_logprobs: Tensor[B, L], behaviour policy log-probs.
+        advantages: Tensor[B] (one per sequence, e.g. from :func:`group_advantages`)
+            or Tensor[B, L].
+        mask: bool/float Tensor[B, L] of valid tokens, or None.
+        clip_eps: ε of the clip range.
+        ref_logprobs: Tensor[B, L] of a frozen reference policy, for the KL term.
+        kl_coef: weight β of the KL term; used only with ``ref_logprobs``.
+        loss_agg: how per-token losses reduce to a scalar (see :func:`aggregate`).
+
+    Returns:
+        ``(loss, metrics)`` with ``clip_frac``, ratio statistics, ``m2``, ``approx_kl``
+        and ``kl`` (the mean k3 KL to the reference; 0 without one).
+    """
+    clip_eps = check_clip_eps(clip_eps)
+    if loss_agg not in _LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {_LOSS_AGGS}, got {loss_agg!r}")
+    if isinstance(kl_coef, bool) or not isinstance(kl_coef, int | float) or kl_coef < 0:
+        raise ValueError(f"kl_coef must be a non-negative number, got {kl_coef!r}")
+    inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    objective, clipped = clipped_surrogate(inputs.ratio, inputs.advantages, clip_eps)
+    per_token = -objective  # (B, L)
+
+    kl = torch.zeros((), device=logprobs.device, dtype=logprobs.dtype)
+    if ref_logprobs is not None:
+        check_tensor("ref_logprobs", ref_logprobs)
+        check_float("ref_logprobs", ref_logprobs)
+        check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
+        delta = torch.where(inputs.mask > 0, ref_logprobs.detach() - logprobs, torch.zeros_like(logprobs))
+        kl_per_token = torch.exp(delta) - delta - 1.0  # k3, (B, L)
+        kl = masked_mean(kl_per_token.detach(), inputs.mask)
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl_per_token
+
+    loss = aggregate(per_token, inputs.mask, loss_agg)
+    metrics = ratio_metrics(inputs)
+    metrics["clip_frac"] = masked_mean(clipped.to(inputs.mask.dtype), inputs.mask)
+    metrics["kl"] = kl
+    return loss, to_floats(metrics)

@@ -1,0 +1,63 @@
+"""Clipped PPO surrogate (Schulman et al., 2017, "Proximal Policy Optimization
+Algorithms", arXiv:1707.06347, eq. 7), per token.
+
+    r_t = exp(log π_θ(y_t) − log π_old(y_t))
+    L   = − mean_t over valid tokens of min(r_t·A_t, clip(r_t, 1 − ε, 1 + ε)·A_t)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
+
+__all__ = ["clipped_surrogate", "compute_ppo_loss"]
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``min(r·A, clip(r)·A)`` and where the clipped branch was taken.
+
+    Returns:
+        ``(objective, clipped)``, both (B, L); ``clipped`` is True where clipping lowered
+        the objective (the token gives no gradient).
+    """
+    unclipped = ratio * advantages  # (B, L)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages  # (B, L)
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def compute_ppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped PPO loss, the masked token mean over the batch.
+
+    Args:
+        logprobs: Tensor[B, L], current policy log-probs (carries the gradient).
+        old_logprobs: Tensor[B, L], behaviour policy log-probs.
+        advantages: Tensor[B] (per sequence) or Tensor[B, L] (per token).
+        mask: bool/float Tensor[B, L], True on valid tokens; None means all valid.
+        clip_eps: ε of the clip range [1 − ε, 1 + ε].
+
+    Returns:
+        ``(loss, metrics)`` with metrics ``clip_frac``, ``ratio_mean``, ``ratio_max``,
+        ``m2``, ``approx_kl``.
+
+    Example:
+        >>> lp = torch.zeros(1, 2)
+        >>> loss, m = compute_ppo_loss(lp, lp, torch.tensor([2.0]))
+        >>> loss.item(), m["clip_frac"]
+        (-2.0, 0.0)
+    """
+    clip_eps = check_clip_eps(clip_eps)
+    inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    objective, clipped = clipped_surrogate(inputs.ratio, inputs.advantages, clip_eps)
+    loss = -masked_mean(objective, inputs.mask)
+    metrics = ratio_metrics(inputs)
+    metrics["clip_frac"] = masked_mean(clipped.to(inputs.mask.dtype), inputs.mask)
+    return loss, to_floats(metrics)
