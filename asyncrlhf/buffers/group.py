@@ -1,0 +1,161 @@
+"""Group-aware replay buffer for GRPO: whole groups of G completions per prompt."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable
+
+import torch
+
+from asyncrlhf._checks import check_positive_int
+from asyncrlhf.buffers.base import StalenessRule
+from asyncrlhf.losses.grpo import group_advantages
+from asyncrlhf.types import Experience
+
+__all__ = ["GroupAwareReplayBuffer"]
+
+
+class GroupAwareReplayBuffer:
+    """Collects ``group_size`` experiences per ``prompt_id``; serves complete groups.
+
+    When a prompt's G-th experience arrives, the group's advantages are computed with
+    :func:`~asyncrlhf.losses.group_advantages` and written to each experience's
+    ``advantage``; the group then moves to the ready queue (at most ``max_groups``;
+    overflow drops the oldest ready group). Prompts may interleave freely.
+
+    With ``max_staleness`` (and a ``version`` source), stale experiences are refused at
+    push, and a group is evicted whole — pending or ready — once its oldest member is
+    staler than the bound.
+
+    Counters are in experiences; ``len(buffer)`` is the number of experiences held
+    (pending plus ready), so ``pushed == sampled + dropped_overflow + evicted_stale +
+    len`` as for every buffer. ``num_ready_groups`` counts groups ready to sample.
+
+    Args:
+        group_size: G, completions per prompt.
+        max_groups: capacity of the ready queue, in groups.
+        max_staleness: the largest τ accepted, or None for no staleness bound.
+        version: VersionManager or zero-arg callable; required with ``max_staleness``.
+        scale_advantages: divide by the group std (GRPO) or not (Dr. GRPO).
+    """
+
+    def __init__(
+        self,
+        group_size: int,
+        max_groups: int = 1024,
+        max_staleness: int | None = None,
+        version: object | None = None,
+        scale_advantages: bool = True,
+    ) -> None:
+        self.group_size = check_positive_int("group_size", group_size)
+        self.max_groups = check_positive_int("max_groups", max_groups)
+        if max_staleness is not None and version is None:
+            raise ValueError("version is required when max_staleness is set")
+        self._rule = None if max_staleness is None else StalenessRule(max_staleness, version)
+        self.scale_advantages = scale_advantages
+        self._pending: dict[Hashable, list[Experience]] = {}
+        self._pending_count = 0
+        self._ready: deque[list[Experience]] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._pushed = 0
+        self._sampled = 0
+        self._dropped_overflow = 0
+        self._evicted_stale = 0
+
+    @property
+    def max_staleness(self) -> int | None:
+        return None if self._rule is None else self._rule.max_staleness
+
+    def push(self, exp: Experience) -> bool:
+        """Add ``exp`` to its prompt's group; True if accepted."""
+        if not isinstance(exp, Experience):
+            raise TypeError(f"exp must be an Experience, got {type(exp).__name__}")
+        with self._cond:
+            self._pushed += 1
+            if self._rule is not None and self._rule.too_stale(exp.policy_version, self._rule.current()):
+                self._evicted_stale += 1
+                return False
+            group = self._pending.setdefault(exp.prompt_id, [])
+            group.append(exp)
+            self._pending_count += 1
+            if len(group) == self.group_size:
+                del self._pending[exp.prompt_id]
+                self._pending_count -= self.group_size
+                self._complete(group)
+                self._cond.notify_all()
+            return True
+
+    def sample(self, num_groups: int, timeout: float | None = None) -> list[list[Experience]]:
+        """Remove and return up to ``num_groups`` of the oldest complete groups."""
+        check_positive_int("num_groups", num_groups)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[list[Experience]] = []
+        with self._cond:
+            while True:
+                self._take(out, num_groups)
+                if len(out) >= num_groups or deadline is None or self._closed:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            self._sampled += sum(len(g) for g in out)
+        return out
+
+    def close(self) -> None:
+        """Wake every waiting ``sample``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def num_ready_groups(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return self._pending_count + len(self._ready) * self.group_size
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                "pushed": self._pushed,
+                "sampled": self._sampled,
+                "dropped_overflow": self._dropped_overflow,
+                "evicted_stale": self._evicted_stale,
+                "size": self._pending_count + len(self._ready) * self.group_size,
+                "pending": self._pending_count,
+                "ready_groups": len(self._ready),
+            }
+
+    # Called with the lock held.
+    def _complete(self, group: list[Experience]) -> None:
+        rewards = torch.tensor([e.reward for e in group], dtype=torch.float32)  # (G,)
+        advantages = group_advantages(rewards, self.group_size, scale=self.scale_advantages)
+        for exp, adv in zip(group, advantages.tolist(), strict=True):
+            exp.advantage = adv
+        if len(self._ready) >= self.max_groups:
+            self._dropped_overflow += len(self._ready.popleft())
+        self._ready.append(group)
+
+    def _stale(self, group: list[Experience], current: int) -> bool:
+        assert self._rule is not None
+        return self._rule.too_stale(min(e.policy_version for e in group), current)
+
+    def _take(self, out: list[list[Experience]], num_groups: int) -> None:
+        if self._rule is not None:
+            current = self._rule.current()
+            for prompt_id in [p for p, g in self._pending.items() if self._stale(g, current)]:
+                group = self._pending.pop(prompt_id)
+                self._pending_count -= len(group)
+                self._evicted_stale += len(group)
+        while self._ready and len(out) < num_groups:
+            group = self._ready.popleft()
+            if self._rule is not None and self._stale(group, current):
+                self._evicted_stale += len(group)
+            else:
+                out.append(group)
