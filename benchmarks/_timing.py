@@ -1,0 +1,74 @@
+"""Repeated wall-clock timing with device synchronisation; median, min and max."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median: float
+    min: float
+    max: float
+    repeats: int
+
+    def __str__(self) -> str:
+        return f"{self.median * 1e3:9.3f} ms  [{self.min * 1e3:.3f} – {self.max * 1e3:.3f}]"
+
+
+def measure(
+    fn: Callable[[], object], device: torch.device, repeats: int = 20, warmup: int = 2, budget_s: float = 10.0
+) -> Timing:
+    """Time ``fn`` ``repeats`` times (fewer if one call would blow ``budget_s``)."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples))
+
+
+def measure_interleaved(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    repeats: int = 20,
+    warmup: int = 2,
+    budget_s: float = 60.0,
+) -> dict[str, Timing]:
+    """Time several functions in rounds (each once per round) so that drifting machine
+    load affects them alike and the ratios between them stay stable."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    deadline = time.perf_counter() + budget_s
+    rounds = 0
+    while rounds < repeats and (rounds < 3 or time.perf_counter() < deadline):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            samples[name].append(time.perf_counter() - start)
+        rounds += 1
+    return {name: Timing(statistics.median(s), min(s), max(s), len(s)) for name, s in samples.items()}
