@@ -1,0 +1,244 @@
+"""Policies: the tiny default model, its tokenizer and warm start, and loading.
+
+No model hub is needed. The default policy is a small Llama-style ``transformers``
+model built from a config, with a character tokenizer built by the ``tokenizers``
+library (a real ``PreTrainedTokenizerFast``). A short supervised warm start on the
+synthetic task brings it to a partly-correct policy so that RL has something to
+improve; the result is cached on disk (``save_pretrained``) under a hash of
+everything that determines it. Any local Hugging Face model directory loads the same
+way (:func:`load_pretrained`).
+
+Shared numerics live here too: :func:`token_logprobs` is the one definition of
+"log-prob of a token under temperature T" that both the rollout engine and the trainer
+use, so on-policy ratios are exactly 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import string
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TinyModelConfig",
+    "WarmStartConfig",
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "cache_dir",
+    "load_pretrained",
+    "pretrained_policy",
+    "token_logprobs",
+    "warm_start",
+    "weights_checksum",
+]
+
+_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+_CHARS = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"]
+
+
+def cache_dir() -> Path:
+    """Where warm-started models are cached: ``$ASYNCRLHF_CACHE`` or ``~/.cache/asyncrlhf``."""
+    return Path(os.environ.get("ASYNCRLHF_CACHE", Path.home() / ".cache" / "asyncrlhf"))
+
+
+def build_char_tokenizer() -> Any:
+    """A character-level ``PreTrainedTokenizerFast`` over printable ASCII.
+
+    Ids: ``<pad>`` 0, ``<s>`` 1, ``</s>`` 2, ``<unk>`` 3, then one id per character.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(_SPECIALS + _CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the default Llama-style policy (≈ 0.34M parameters as given)."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    max_position_embeddings: int = 64
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Supervised warm start on the addition task (prompt → answer + EOS)."""
+
+    digits: int = 2
+    steps: int = 600
+    batch_size: int = 128
+    lr: float = 3e-3
+    seed: int = 0
+
+
+def build_tiny_model(tokenizer: Any, config: TinyModelConfig = TinyModelConfig(), seed: int = 0) -> Any:
+    """A freshly initialised ``LlamaForCausalLM`` sized for ``tokenizer``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(llama)
+
+
+def warm_start(model: Any, tokenizer: Any, config: WarmStartConfig = WarmStartConfig()) -> list[float]:
+    """Teach ``model`` the answer format and some arithmetic; returns the loss curve.
+
+    Cross-entropy on the answer tokens and the EOS only (the prompt is given).
+    """
+    from asyncrlhf.tasks.addition import AdditionTask
+
+    task = AdditionTask(tokenizer, digits=config.digits, seed=config.seed)
+    problems = task.train_problems()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.steps)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    losses = []
+    model.train()
+    for _ in range(config.steps):
+        batch = [next(problems) for _ in range(config.batch_size)]
+        rows = [torch.cat([p.prompt_ids, p.answer_ids, torch.tensor([eos])]) for p in batch]
+        ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad)  # (B, T)
+        labels = ids.clone()
+        for i, p in enumerate(batch):  # supervise answer + EOS only
+            labels[i, : p.prompt_ids.shape[0]] = -100
+        labels[ids == pad] = -100
+        attention = (ids != pad).long()
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _key(model_config: TinyModelConfig, warm: WarmStartConfig) -> str:
+    import tokenizers
+    import transformers
+
+    spec = {
+        "model": asdict(model_config),
+        "warm_start": asdict(warm),
+        "vocab": _SPECIALS + _CHARS,
+        "versions": [transformers.__version__, tokenizers.__version__, torch.__version__.split("+")[0]],
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pretrained_policy(
+    model_config: TinyModelConfig = TinyModelConfig(),
+    warm: WarmStartConfig = WarmStartConfig(),
+    cache: Path | None = None,
+) -> Path:
+    """Directory of the warm-started default policy, building and caching it if needed.
+
+    The directory holds ``save_pretrained`` output of both model and tokenizer, keyed by
+    a hash of the model config, the warm-start config, the vocabulary and the library
+    versions. Concurrent builders (parallel sweep trials) each write a temporary
+    directory and rename it into place; the first one wins.
+    """
+    root = cache or cache_dir()
+    target = root / "models" / f"tiny-llama-{_key(model_config, warm)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, model_config, seed=warm.seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(warm.seed)
+        warm_start(model, tokenizer, warm)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "asyncrlhf.json").write_text(
+            json.dumps({"model": asdict(model_config), "warm_start": asdict(warm)}, indent=2)
+        )
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_pretrained(path: str | Path, device: str | torch.device = "cpu") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a local Hugging Face directory (never the hub)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"model path {directory} is not a Hugging Face model directory (no config.json)")
+    hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log π(token) under ``softmax(logits / T)``, in float32.
+
+    Args:
+        logits: Tensor[..., V].
+        tokens: LongTensor[...] matching ``logits`` without its last dimension.
+        temperature: T > 0; 0 (greedy) is scored as T = 1.
+
+    Returns:
+        Tensor[...] of log-probs.
+    """
+    scale = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / scale, dim=-1)  # (..., V)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def weights_checksum(weights: Any) -> str:
+    """SHA-256 over every tensor of a model or state dict, in key order (device-agnostic)."""
+    state: Mapping[str, torch.Tensor] = weights.state_dict() if hasattr(weights, "state_dict") else weights
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()

@@ -1,0 +1,20 @@
+"""Small real models for fast tests: a char tokenizer and a tiny Llama built from a config."""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model
+
+SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                        max_position_embeddings=32)  # fmt: skip
+
+
+def small_model(seed: int = 0):  # type: ignore[no-untyped-def]
+    tokenizer = build_char_tokenizer()
+    return build_tiny_model(tokenizer, SMALL, seed=seed), tokenizer
+
+
+def even_first_token(generated_ids: torch.Tensor, answers: object, eos_token_id: int) -> torch.Tensor:
+    """A dense tensor-native reward, so an untrained policy sees mixed rewards."""
+    return (generated_ids[:, 0] % 2 == 0).float()
