@@ -1,0 +1,18 @@
+"""Rollout: engines that sample completions with behaviour log-probs, and the worker."""
+
+from asyncrlhf.rollout.base import RolloutEngine, Sample
+from asyncrlhf.rollout.hf import HFEngine
+from asyncrlhf.rollout.stub import LatencyModelEngine, StubEngine
+from asyncrlhf.rollout.vllm import VLLMEngine
+from asyncrlhf.rollout.worker import RolloutWorker, WeightPolicy
+
+__all__ = [
+    "HFEngine",
+    "LatencyModelEngine",
+    "RolloutEngine",
+    "RolloutWorker",
+    "Sample",
+    "StubEngine",
+    "VLLMEngine",
+    "WeightPolicy",
+]

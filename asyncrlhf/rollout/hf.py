@@ -1,0 +1,171 @@
+"""Rollout with a ``transformers`` causal LM on CPU or CUDA.
+
+Batched sampling with a KV cache over left-padded prompts. The engine samples from its
+own seeded ``torch.Generator`` (never the global RNG), so a run is reproducible
+whatever else draws random numbers. The log-prob recorded for each token is that of
+the distribution the token was drawn from: ``softmax(logits / T)``, renormalised over
+the top-p nucleus when ``top_p < 1``. The trainer scores tokens with the same
+:func:`~asyncrlhf.models.token_logprobs`, so with ``top_p = 1`` and the same weights
+the ratio is exactly 1; a nucleus makes the behaviour policy differ from the trained
+one, which is real off-policyness and shows up in the ratio statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf.models import token_logprobs, weights_checksum
+from asyncrlhf.rollout.base import Sample, check_prompts
+
+__all__ = ["HFEngine"]
+
+
+class HFEngine:
+    """Sampling engine around a Hugging Face causal LM.
+
+    Args:
+        model: a ``transformers`` causal LM. The engine keeps its own copy (``copy=True``)
+            so the trainer's updates reach it only through :meth:`load_weights`.
+        eos_token_id: generation stops per row at EOS.
+        pad_token_id: fills prompts on the left and finished rows on the right.
+        max_new_tokens: response length cap.
+        temperature: T > 0 samples from softmax(logits / T); 0 is greedy.
+        top_p: nucleus mass in (0, 1].
+        seed: seeds the engine's generator.
+        device: where the model runs (default: where it is).
+        version: the policy version of the initial weights.
+        copy: deep-copy ``model`` (default) instead of sharing it.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        eos_token_id: int,
+        pad_token_id: int,
+        max_new_tokens: int = 16,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        version: int = 0,
+        copy: bool = True,
+    ) -> None:
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        self.model = (_copy_model(model) if copy else model).eval()
+        if device is not None:
+            self.model.to(device)
+        self.device = next(self.model.parameters()).device
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = check_nonnegative_int("version", version)
+        # transformers 5 renamed the KV-cache argument and output from past_key_values to cache.
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy ``state_dict`` into the engine's model and record its version."""
+        self.model.load_state_dict(state_dict, strict=True)
+        self._version = check_nonnegative_int("version", version)
+
+    def checksum(self) -> str:
+        return weights_checksum(self.model)
+
+    async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        return await asyncio.to_thread(self.generate, prompts, num_samples)
+
+    @torch.no_grad()  # not inference_mode: callers may edit or reuse the returned tensors
+    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        """Sample ``num_samples`` completions per prompt, prompt-major."""
+        check_prompts(prompts)
+        check_positive_int("num_samples", num_samples)
+        rows = [p.to(self.device) for p in prompts for _ in range(num_samples)]
+        ids, attention = _left_pad(rows, self.pad_token_id)  # (N, P), (N, P)
+        positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
+        n = ids.shape[0]
+        tokens = torch.full((n, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=self.device)
+        finished = torch.zeros(n, dtype=torch.bool, device=self.device)
+        lengths = torch.zeros(n, dtype=torch.long, device=self.device)
+
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        for t in range(self.max_new_tokens):
+            logits = out.logits[:, -1, :]  # (N, V)
+            token, logp = self._sample(logits)  # (N,), (N,)
+            tokens[:, t] = torch.where(finished, self.pad_token_id, token)
+            logprobs[:, t] = torch.where(finished, 0.0, logp)
+            lengths += (~finished).long()
+            finished |= token == self.eos_token_id
+            if t + 1 == self.max_new_tokens or bool(finished.all()):  # one sync per token, as HF generate
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=tokens[:, t : t + 1],
+                attention_mask=attention,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_arg: getattr(out, self._cache_arg)},
+            )
+        lengths_host = lengths.tolist()
+        return [
+            Sample(
+                prompt_index=i // num_samples,
+                prompt_ids=prompts[i // num_samples],
+                response_ids=tokens[i, : lengths_host[i]].clone(),
+                logprobs=logprobs[i, : lengths_host[i]].clone(),
+                policy_version=self._version,
+            )
+            for i in range(n)
+        ]
+
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.temperature == 0:
+            token = logits.argmax(dim=-1)
+            return token, token_logprobs(logits, token, 1.0)
+        scaled = logits.float() / self.temperature  # (N, V)
+        if self.top_p < 1.0:
+            scaled = _nucleus(scaled, self.top_p)
+        probs = torch.softmax(scaled, dim=-1)
+        token = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)  # (N,)
+        # Scored on the (possibly truncated) distribution actually sampled from.
+        return token, token_logprobs(scaled, token, 1.0)
+
+
+def _left_pad(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(r.shape[0] for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=rows[0].device)
+    attention = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - r.shape[0] :] = r
+        attention[i, width - r.shape[0] :] = 1
+    return ids, attention
+
+
+def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask logits outside the smallest set whose probability mass reaches ``top_p``."""
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keeps at least the top token
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+    return scaled.masked_fill(drop, float("-inf"))
+
+
+def _copy_model(model: Any) -> Any:
+    return copy.deepcopy(model)

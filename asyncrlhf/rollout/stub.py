@@ -1,0 +1,86 @@
+"""A model-free engine for unit tests, and a latency model of a remote rollout device."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf.models import weights_checksum
+from asyncrlhf.rollout.base import Sample, check_prompts
+
+__all__ = ["LatencyModelEngine", "StubEngine"]
+
+
+class StubEngine:
+    """Uniformly random tokens from a seeded generator; log-probs log(1/V). Tests only.
+
+    Real shapes and real version bookkeeping, no model: for exercising buffers,
+    workers and orchestration without the cost of a forward pass.
+    """
+
+    def __init__(
+        self, vocab_size: int = 32, max_new_tokens: int = 8, eos_token_id: int = 2, seed: int = 0, version: int = 0
+    ) -> None:
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+        self.eos_token_id = eos_token_id
+        self._generator = torch.Generator().manual_seed(seed)
+        self._version = check_nonnegative_int("version", version)
+        self._weights: Mapping[str, torch.Tensor] | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        check_prompts(prompts)
+        check_positive_int("num_samples", num_samples)
+        n = len(prompts) * num_samples
+        # One draw for the whole batch: a stub must cost (almost) nothing.
+        lengths = torch.randint(1, self.max_new_tokens + 1, (n,), generator=self._generator).tolist()
+        tokens = torch.randint(0, self.vocab_size, (n, self.max_new_tokens), generator=self._generator)
+        logprobs = torch.full((self.max_new_tokens,), -math.log(self.vocab_size))
+        return [
+            Sample(i // num_samples, prompts[i // num_samples], tokens[i, :length], logprobs[:length], self._version)
+            for i, length in enumerate(lengths)
+        ]
+
+    async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        return await asyncio.to_thread(self.generate, prompts, num_samples)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self._weights = state_dict  # held, not used: there is no model
+        self._version = check_nonnegative_int("version", version)
+
+    def checksum(self) -> str:
+        """Checksum of the weights last loaded."""
+        if self._weights is None:
+            raise RuntimeError("no weights loaded yet")
+        return weights_checksum(self._weights)
+
+
+class LatencyModelEngine(StubEngine):
+    """A LATENCY MODEL of a rollout device of its own (e.g. a remote inference GPU).
+
+    Produces stub samples at no compute cost and holds each call for
+    ``seconds_per_token`` × ``max_new_tokens`` of wall time, sleeping, so it uses
+    almost no CPU of ours. It measures how well orchestration overlaps generation with
+    training when the two run on separate devices. Never a default: benchmarks only.
+    """
+
+    def __init__(self, seconds_per_token: float, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        if seconds_per_token < 0:
+            raise ValueError(f"seconds_per_token must be >= 0, got {seconds_per_token!r}")
+        self.seconds_per_token = seconds_per_token
+
+    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        samples = super().generate(prompts, num_samples)
+        # A batch holds the device until its longest row could have finished.
+        time.sleep(self.seconds_per_token * self.max_new_tokens)
+        return samples
