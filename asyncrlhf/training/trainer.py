@@ -1,0 +1,232 @@
+"""The trainer: one policy-gradient step on a batch of experiences.
+
+Phases: setup (model, optimiser, loss) → step (collate, recompute log-probs, loss,
+AdamW with gradient clipping over mini-batches and epochs, bump the version) →
+save / load (model, optimiser, version, every RNG state, so a resumed run continues
+exactly as an uninterrupted one would).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncrlhf._checks import check_positive_int
+from asyncrlhf.losses import make_policy_loss
+from asyncrlhf.models import token_logprobs, weights_checksum
+from asyncrlhf.types import Experience, ExperienceBatch, collate
+
+__all__ = ["TrainerWorker", "sequence_logprobs"]
+
+
+def sequence_logprobs(model: Any, batch: ExperienceBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of the response tokens under ``model`` at ``temperature``: Tensor[B, R].
+
+    Only the logits that predict response tokens are materialised (``logits_to_keep``):
+    columns P − 1 … P + R − 2 of the collated layout.
+    """
+    width = batch.response_ids.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=width + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # (B, R, V): the last kept column predicts past the end
+    return token_logprobs(logits, batch.response_ids, temperature)
+
+
+class TrainerWorker:
+    """Optimises a causal LM with PPO, M2PO or GRPO on experiences from any buffer.
+
+    Args:
+        model: the policy (a ``transformers`` causal LM), trained in place.
+        pad_token_id: padding id for collation.
+        algorithm: ``"ppo"``, ``"m2po"`` or ``"grpo"``.
+        loss_options: options of the chosen loss (see ``make_policy_loss``).
+        lr, weight_decay, betas: AdamW.
+        grad_clip: max global gradient norm (None: no clipping).
+        temperature: sampling temperature of the engines; log-probs are recomputed at it.
+        ppo_epochs: passes over each batch.
+        mini_batches: optimiser steps per pass (the batch is split evenly).
+        ref_model: frozen reference for the KL term (GRPO's ``kl_coef``).
+        versions: optional shared version source with ``bump()``, bumped once per step.
+        device: where to train (default: where the model is).
+        seed: seeds the mini-batch shuffling generator.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        pad_token_id: int,
+        algorithm: str = "grpo",
+        loss_options: dict[str, Any] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float | None = 1.0,
+        temperature: float = 1.0,
+        ppo_epochs: int = 1,
+        mini_batches: int = 1,
+        ref_model: Any | None = None,
+        versions: Any | None = None,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr!r}")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 for training, got {temperature!r}")
+        self.model = model.to(device) if device is not None else model
+        self.device = next(self.model.parameters()).device
+        self.pad_token_id = pad_token_id
+        self.algorithm = algorithm
+        self.loss_fn = make_policy_loss(algorithm, **(loss_options or {}))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.grad_clip = grad_clip
+        self.temperature = temperature
+        self.ppo_epochs = check_positive_int("ppo_epochs", ppo_epochs)
+        self.mini_batches = check_positive_int("mini_batches", mini_batches)
+        self.ref_model = ref_model.to(self.device).eval().requires_grad_(False) if ref_model is not None else None
+        self.versions = versions
+        self.version = 0 if versions is None else int(versions.version)
+        self.skipped_steps = 0
+        self._generator = torch.Generator().manual_seed(seed)
+
+    # ------------------------------------------------------------------ step
+    def step(self, experiences: Sequence[Experience]) -> dict[str, float]:
+        """One training step; returns metrics in the shared vocabulary."""
+        batch = collate(experiences, self.pad_token_id, self.device)
+        if torch.isnan(batch.advantages).any():
+            raise ValueError("every experience needs an advantage (use a GroupAwareReplayBuffer or set them)")
+        if len(batch) < self.mini_batches:
+            raise ValueError(f"batch of {len(batch)} experiences cannot split into mini_batches={self.mini_batches}")
+        ref_logprobs = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logprobs = sequence_logprobs(self.ref_model, batch, self.temperature)
+
+        self.model.train()
+        totals: dict[str, float] = {}
+        updates = skipped = 0
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(len(batch), generator=self._generator) if self.mini_batches > 1 else None
+            for rows in self._split(order):
+                metrics = self._update(batch, rows, ref_logprobs)
+                if metrics is None:
+                    skipped += 1
+                    continue
+                updates += 1
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + value
+        self.model.eval()
+        self.skipped_steps += int(updates == 0)
+        self.version += 1
+        if self.versions is not None:
+            self.versions.bump()
+        out = {key: value / updates for key, value in totals.items()} if updates else {}
+        out["train/skipped_updates"] = float(skipped)
+        out["train/skipped_steps"] = float(self.skipped_steps)
+        return out
+
+    def _split(self, order: torch.Tensor | None) -> list[torch.Tensor | None]:
+        if order is None:
+            return [None]
+        return list(torch.tensor_split(order, self.mini_batches))
+
+    def _update(
+        self, batch: ExperienceBatch, rows: torch.Tensor | None, ref_logprobs: torch.Tensor | None
+    ) -> dict[str, float] | None:
+        """One optimiser update on ``rows`` of the batch; None when skipped as non-finite."""
+        sub, ref = batch, ref_logprobs
+        if rows is not None:
+            rows = rows.to(self.device)
+            sub = _select(batch, rows)
+            ref = None if ref_logprobs is None else ref_logprobs[rows]
+        logprobs = sequence_logprobs(self.model, sub, self.temperature)  # (b, R)
+        loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return None
+        loss.backward()
+        if self.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        else:
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
+            )
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        out = {f"policy/{k}": v for k, v in metrics.items() if k != "kl"}
+        out["loss/policy"] = float(loss.detach())
+        out["loss/kl"] = metrics.get("kl", 0.0)
+        out["train/grad_norm"] = float(grad_norm)
+        return out
+
+    # ----------------------------------------------------------- weights / io
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the model weights, for publishing to rollout engines."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def checksum(self) -> str:
+        return weights_checksum(self.model)
+
+    def save(self, path: str | Path) -> None:
+        """Checkpoint model, optimiser, version and every RNG state to ``path``."""
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "skipped_steps": self.skipped_steps,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "trainer": self._generator.get_state(),
+            },
+        }
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path)
+
+    def load(self, path: str | Path) -> None:
+        """Restore what :meth:`save` wrote; the shared version source follows."""
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.skipped_steps = int(state["skipped_steps"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"].cpu())
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        self._generator.set_state(rng["trainer"].cpu())
+        if self.versions is not None:
+            self.versions.restore(self.version)
+
+
+def _select(batch: ExperienceBatch, rows: torch.Tensor) -> ExperienceBatch:
+    return ExperienceBatch(
+        input_ids=batch.input_ids[rows],
+        attention_mask=batch.attention_mask[rows],
+        position_ids=batch.position_ids[rows],
+        response_mask=batch.response_mask[rows],
+        response_ids=batch.response_ids[rows],
+        old_logprobs=batch.old_logprobs[rows],
+        rewards=batch.rewards[rows],
+        advantages=batch.advantages[rows],
+        policy_versions=batch.policy_versions[rows],
+        prompt_width=batch.prompt_width,
+    )

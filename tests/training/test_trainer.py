@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from asyncrlhf.losses import group_advantages
+from asyncrlhf.rollout import HFEngine
+from asyncrlhf.training import TrainerWorker, sequence_logprobs
+from asyncrlhf.types import Experience, collate
+from tests.helpers import even_first_token, small_model
+
+PROMPTS = [torch.tensor([1, 10 + i, 20 + i]) for i in range(4)]
+G = 4
+
+
+def rollout(engine: HFEngine) -> list[Experience]:
+    samples = engine.generate(PROMPTS, G)
+    ids = torch.nn.utils.rnn.pad_sequence([s.response_ids for s in samples], batch_first=True)
+    rewards = even_first_token(ids, None, 2)
+    advantages = group_advantages(rewards, G)
+    return [
+        Experience(s.prompt_ids, s.response_ids, s.logprobs, float(r), s.policy_version, s.prompt_index, float(a))
+        for s, r, a in zip(samples, rewards, advantages, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recomputed_logprobs_match_the_engine(temperature):
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=8, temperature=temperature, seed=1)
+    experiences = rollout(engine)
+    batch = collate(experiences, tok.pad_token_id)
+    with torch.no_grad():
+        recomputed = sequence_logprobs(model, batch, temperature)
+    delta = (recomputed - batch.old_logprobs).abs()[batch.response_mask]
+    assert delta.max().item() < 1e-4
+    trainer = TrainerWorker(model, tok.pad_token_id, "ppo", temperature=temperature)
+    metrics = trainer.step(experiences)
+    assert metrics["policy/ratio_max"] == pytest.approx(1.0, abs=1e-4)  # the first PPO ratio is 1
+    assert metrics["policy/clip_frac"] == 0.0
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "m2po", "grpo"])
+def test_a_few_steps_change_every_parameter(algorithm):
+    model, tok = small_model()
+    before = copy.deepcopy(model.state_dict())
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=2)
+    trainer = TrainerWorker(model, tok.pad_token_id, algorithm, lr=1e-2)
+    for _ in range(3):
+        trainer.step(rollout(engine))
+        engine.load_weights(trainer.state_dict(), trainer.version)
+    unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
+    assert unchanged == []
+    assert trainer.version == 3
+
+
+def test_non_finite_loss_skips_the_step_and_leaves_weights_untouched():
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=3)
+    experiences = rollout(engine)
+    experiences[0].logprobs[0] = float("nan")
+    trainer = TrainerWorker(model, tok.pad_token_id, "ppo")
+    before = trainer.checksum()
+    metrics = trainer.step(experiences)
+    assert trainer.checksum() == before
+    assert metrics["train/skipped_steps"] == 1.0 and trainer.skipped_steps == 1
+    assert trainer.version == 1  # a version per step, even a skipped one (weights equal)
+
+
+def test_mini_batches_and_epochs():
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=4)
+    trainer = TrainerWorker(model, tok.pad_token_id, "grpo", ppo_epochs=2, mini_batches=4, lr=1e-2)
+    metrics = trainer.step(rollout(engine))
+    assert metrics["train/skipped_updates"] == 0.0
+    assert metrics["policy/ratio_max"] > 1.0  # later updates see the policy moved
+
+
+def test_save_load_continue_equals_not_stopping(tmp_path):
+    def setup():  # type: ignore[no-untyped-def]
+        model, tok = small_model()
+        engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=5)
+        trainer = TrainerWorker(model, tok.pad_token_id, "grpo", mini_batches=2, lr=1e-2, seed=9)
+        return engine, trainer
+
+    engine, trainer = setup()
+    batches = [rollout(engine) for _ in range(3)]
+    trainer.step(batches[0])
+    trainer.step(batches[1])
+    trainer.save(tmp_path / "ckpt.pt")
+    expected = trainer.step(batches[2])
+
+    _, resumed = setup()
+    resumed.load(tmp_path / "ckpt.pt")
+    assert resumed.version == 2
+    got = resumed.step(batches[2])
+    assert got["loss/policy"] == expected["loss/policy"]
+    assert resumed.checksum() == trainer.checksum()
+
+
+def test_missing_advantages_and_bad_settings_fail_clearly():
+    model, tok = small_model()
+    exp = Experience(torch.tensor([1]), torch.tensor([5]), torch.tensor([-1.0]), 1.0, 0, "p")
+    with pytest.raises(ValueError, match="advantage"):
+        TrainerWorker(model, tok.pad_token_id).step([exp])
+    with pytest.raises(ValueError, match="algorithm"):
+        TrainerWorker(model, tok.pad_token_id, "dpo")
+    with pytest.raises(ValueError, match="unknown options"):
+        TrainerWorker(model, tok.pad_token_id, "ppo", {"m2_threshold": 0.1})
+    with pytest.raises(ValueError, match="lr"):
+        TrainerWorker(model, tok.pad_token_id, lr=0.0)
