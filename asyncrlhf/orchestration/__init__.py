@@ -1,6 +1,23 @@
-"""Coordination of rollout and training: versions and prompt flow."""
+"""Coordination of rollout and training: versions, prompts, weights and the orchestrator."""
 
+from asyncrlhf.orchestration.evaluate import evaluate_accuracy
+from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
+from asyncrlhf.orchestration.orchestrator import MODES, Orchestrator
 from asyncrlhf.orchestration.prompts import PromptQueue, PromptQueueClosed
 from asyncrlhf.orchestration.version import VersionManager
+from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreClosed
 
-__all__ = ["PromptQueue", "PromptQueueClosed", "VersionManager"]
+__all__ = [
+    "MODES",
+    "Orchestrator",
+    "PromptQueue",
+    "PromptQueueClosed",
+    "RunHistory",
+    "Snapshot",
+    "TimelineEvent",
+    "VersionManager",
+    "WeightStore",
+    "WeightStoreClosed",
+    "bubble_fractions",
+    "evaluate_accuracy",
+]

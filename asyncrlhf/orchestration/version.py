@@ -38,6 +38,12 @@ class VersionManager:
             self._changed.notify_all()
             return self._version
 
+    def restore(self, version: int) -> None:
+        """Set the version when resuming from a checkpoint (never during a run)."""
+        with self._changed:
+            self._version = check_nonnegative_int("version", version)
+            self._changed.notify_all()
+
     def staleness(self, version: int) -> int:
         """τ = current − ``version``: how many updates behind data of ``version`` is."""
         with self._changed:

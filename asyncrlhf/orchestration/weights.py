@@ -1,0 +1,109 @@
+"""Published weight snapshots: how new policies reach rollout engines.
+
+The trainer publishes ``(version, weights, checksum)`` after its steps; rollout workers
+take the version they are allowed to use — an exact version (``sync``/``lagged``) or
+the newest one at or above a floor (``async``) — and verify the checksum after
+loading. A ring keeps the last ``keep`` versions so a lagged worker finds the exact
+snapshot it needs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import torch
+
+from asyncrlhf._checks import check_positive_int
+from asyncrlhf.models import weights_checksum
+
+__all__ = ["Snapshot", "WeightStore", "WeightStoreClosed"]
+
+
+class WeightStoreClosed(RuntimeError):
+    """The run ended while a worker was waiting for weights."""
+
+
+class Snapshot:
+    """One published version. The checksum is computed on first use, by whoever
+    verifies a load (off the trainer's critical path), and then cached."""
+
+    def __init__(self, version: int, weights: Mapping[str, torch.Tensor], checksum: str | None = None) -> None:
+        self.version = version
+        self.weights = weights
+        self._checksum = checksum
+        self._lock = threading.Lock()
+
+    @property
+    def checksum(self) -> str:
+        with self._lock:
+            if self._checksum is None:
+                self._checksum = weights_checksum(self.weights)
+            return self._checksum
+
+
+class WeightStore:
+    """Thread-safe ring of the last ``keep`` published weight snapshots."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = check_positive_int("keep", keep)
+        self._snapshots: OrderedDict[int, Snapshot] = OrderedDict()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def publish(self, version: int, weights: Mapping[str, torch.Tensor], checksum: str | None = None) -> None:
+        """Add a snapshot (``weights`` must be a copy the publisher no longer mutates);
+        ``checksum`` is computed lazily from ``weights`` when not given."""
+        with self._cond:
+            if self._snapshots and version <= next(reversed(self._snapshots)):
+                raise ValueError(f"version {version} is not newer than the latest published one")
+            self._snapshots[version] = Snapshot(version, weights, checksum)
+            while len(self._snapshots) > self.keep:
+                self._snapshots.popitem(last=False)
+            self._cond.notify_all()
+
+    @property
+    def latest_version(self) -> int:
+        """The newest published version, or -1 before the first publication."""
+        with self._cond:
+            return next(reversed(self._snapshots)) if self._snapshots else -1
+
+    def exact(self, version: int, timeout: float | None = None) -> Snapshot:
+        """The snapshot of exactly ``version``, waiting for it to be published."""
+        return self._wait(lambda: self._snapshots.get(version), version, timeout, exact=True)
+
+    def at_least(self, version: int, timeout: float | None = None) -> Snapshot:
+        """The newest snapshot, waiting until it is at least ``version``."""
+
+        def newest() -> Snapshot | None:
+            if not self._snapshots:
+                return None
+            snap = self._snapshots[next(reversed(self._snapshots))]
+            return snap if snap.version >= version else None
+
+        return self._wait(newest, version, timeout, exact=False)
+
+    def close(self) -> None:
+        """Wake every waiter with WeightStoreClosed."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait(self, find, version: int, timeout: float | None, exact: bool) -> Snapshot:  # type: ignore[no-untyped-def]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                snap = find()
+                if snap is not None:
+                    return snap
+                oldest = next(iter(self._snapshots), None)
+                if exact and oldest is not None and version < oldest:
+                    raise KeyError(f"version {version} left the ring (keep={self.keep}); oldest is {oldest}")
+                if self._closed:
+                    raise WeightStoreClosed(f"weight store closed while waiting for version {version}")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"no weights of version {'=' if exact else '>='}{version} within {timeout}s")
+                self._cond.wait(remaining)
