@@ -7,13 +7,15 @@ callable returning an int.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from asyncrlhf._checks import check_nonnegative_int
 from asyncrlhf.types import Experience
 
-__all__ = ["ReplayBuffer", "StalenessRule", "version_reader"]
+__all__ = ["LockedBuffer", "ReplayBuffer", "StalenessRule", "version_reader"]
 
 
 @runtime_checkable
@@ -53,3 +55,57 @@ class StalenessRule:
 
     def too_stale(self, policy_version: int, current: int) -> bool:
         return current - policy_version > self.max_staleness
+
+
+class LockedBuffer:
+    """The locking, waiting and counting every buffer shares.
+
+    Subclasses hold their items and implement ``_take(out, n)`` (move up to n units
+    into ``out``, counting what they evict) and ``_units(out)`` (experiences in
+    ``out``); they call ``_wait_and_take`` from their public ``sample``.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self._pushed = 0
+        self._sampled = 0
+        self._dropped_overflow = 0
+        self._evicted_stale = 0
+
+    def close(self) -> None:
+        """Wake every waiting ``sample``; later samples return what is left without waiting."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait_and_take(self, n: int, timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[Any] = []
+        with self._cond:
+            while True:
+                self._take(out, n)
+                if len(out) >= n or deadline is None or self._closed:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            self._sampled += self._units(out)
+        return out
+
+    def _counters(self, size: int) -> dict[str, int]:
+        """The shared counters; call with the lock held."""
+        return {
+            "pushed": self._pushed,
+            "sampled": self._sampled,
+            "dropped_overflow": self._dropped_overflow,
+            "evicted_stale": self._evicted_stale,
+            "size": size,
+        }
+
+    def _take(self, out: list[Any], n: int) -> None:
+        raise NotImplementedError
+
+    def _units(self, out: list[Any]) -> int:
+        return len(out)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import deque
 
 from asyncrlhf._checks import check_positive_int
-from asyncrlhf.buffers.base import StalenessRule
+from asyncrlhf.buffers.base import LockedBuffer, StalenessRule
 from asyncrlhf.types import Experience
 
 __all__ = ["BoundedReplayBuffer", "VersionedReplayBuffer"]
 
 
-class BoundedReplayBuffer:
+class BoundedReplayBuffer(LockedBuffer):
     """Thread-safe FIFO of at most ``max_size`` experiences; overflow drops the oldest.
 
     ``sample(n)`` removes and returns up to ``n`` of the oldest experiences. It never
@@ -22,14 +20,9 @@ class BoundedReplayBuffer:
     """
 
     def __init__(self, max_size: int) -> None:
+        super().__init__()
         self.max_size = check_positive_int("max_size", max_size)
         self._items: deque[Experience] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._pushed = 0
-        self._sampled = 0
-        self._dropped_overflow = 0
-        self._evicted_stale = 0
 
     def push(self, exp: Experience) -> bool:
         """Store ``exp``; True if it was accepted."""
@@ -48,26 +41,7 @@ class BoundedReplayBuffer:
 
     def sample(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
         """Remove and return up to ``batch_size`` of the oldest (still usable) experiences."""
-        check_positive_int("batch_size", batch_size)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        out: list[Experience] = []
-        with self._cond:
-            while True:
-                self._take(out, batch_size)
-                if len(out) >= batch_size or deadline is None or self._closed:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            self._sampled += len(out)
-        return out
-
-    def close(self) -> None:
-        """Wake every waiting ``sample``; later samples return what is left without waiting."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        return self._wait_and_take(check_positive_int("batch_size", batch_size), timeout)
 
     def __len__(self) -> int:
         with self._cond:
@@ -76,13 +50,7 @@ class BoundedReplayBuffer:
     def stats(self) -> dict[str, int]:
         """Counters; ``pushed == sampled + dropped_overflow + evicted_stale + size``."""
         with self._cond:
-            return {
-                "pushed": self._pushed,
-                "sampled": self._sampled,
-                "dropped_overflow": self._dropped_overflow,
-                "evicted_stale": self._evicted_stale,
-                "size": len(self._items),
-            }
+            return self._counters(len(self._items))
 
     # Hooks for subclasses; called with the lock held.
     def _admit(self, exp: Experience) -> bool:

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import deque
 from collections.abc import Hashable
 
 import torch
 
 from asyncrlhf._checks import check_positive_int
-from asyncrlhf.buffers.base import StalenessRule
+from asyncrlhf.buffers.base import LockedBuffer, StalenessRule
 from asyncrlhf.losses.grpo import group_advantages
 from asyncrlhf.types import Experience
 
 __all__ = ["GroupAwareReplayBuffer"]
 
 
-class GroupAwareReplayBuffer:
+class GroupAwareReplayBuffer(LockedBuffer):
     """Collects ``group_size`` experiences per ``prompt_id``; serves complete groups.
 
     When a prompt's G-th experience arrives, the group's advantages are computed with
@@ -49,6 +47,7 @@ class GroupAwareReplayBuffer:
         version: object | None = None,
         scale_advantages: bool = True,
     ) -> None:
+        super().__init__()
         self.group_size = check_positive_int("group_size", group_size)
         self.max_groups = check_positive_int("max_groups", max_groups)
         if max_staleness is not None and version is None:
@@ -58,12 +57,6 @@ class GroupAwareReplayBuffer:
         self._pending: dict[Hashable, list[Experience]] = {}
         self._pending_count = 0
         self._ready: deque[list[Experience]] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._pushed = 0
-        self._sampled = 0
-        self._dropped_overflow = 0
-        self._evicted_stale = 0
 
     @property
     def max_staleness(self) -> int | None:
@@ -90,26 +83,7 @@ class GroupAwareReplayBuffer:
 
     def sample(self, num_groups: int, timeout: float | None = None) -> list[list[Experience]]:
         """Remove and return up to ``num_groups`` of the oldest complete groups."""
-        check_positive_int("num_groups", num_groups)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        out: list[list[Experience]] = []
-        with self._cond:
-            while True:
-                self._take(out, num_groups)
-                if len(out) >= num_groups or deadline is None or self._closed:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            self._sampled += sum(len(g) for g in out)
-        return out
-
-    def close(self) -> None:
-        """Wake every waiting ``sample``."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        return self._wait_and_take(check_positive_int("num_groups", num_groups), timeout)
 
     @property
     def num_ready_groups(self) -> int:
@@ -122,17 +96,15 @@ class GroupAwareReplayBuffer:
 
     def stats(self) -> dict[str, int]:
         with self._cond:
-            return {
-                "pushed": self._pushed,
-                "sampled": self._sampled,
-                "dropped_overflow": self._dropped_overflow,
-                "evicted_stale": self._evicted_stale,
-                "size": self._pending_count + len(self._ready) * self.group_size,
-                "pending": self._pending_count,
-                "ready_groups": len(self._ready),
-            }
+            out = self._counters(self._pending_count + len(self._ready) * self.group_size)
+            out["pending"] = self._pending_count
+            out["ready_groups"] = len(self._ready)
+            return out
 
     # Called with the lock held.
+    def _units(self, out: list[list[Experience]]) -> int:
+        return sum(len(group) for group in out)
+
     def _complete(self, group: list[Experience]) -> None:
         rewards = torch.tensor([e.reward for e in group], dtype=torch.float32)  # (G,)
         advantages = group_advantages(rewards, self.group_size, scale=self.scale_advantages)
