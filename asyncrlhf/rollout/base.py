@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from asyncrlhf._checks import check_integer, check_rank, check_tensor
+from asyncrlhf._checks import check_integer, check_nonnegative_int, check_positive_int, check_rank, check_tensor
 
-__all__ = ["RolloutEngine", "Sample", "check_prompts"]
+__all__ = ["EngineBase", "RolloutEngine", "Sample", "check_generate_args"]
 
 
 @dataclass(slots=True)
@@ -50,7 +51,32 @@ class RolloutEngine(Protocol):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
 
 
-def check_prompts(prompts: Sequence[torch.Tensor]) -> None:
+class EngineBase:
+    """What every engine shares: version bookkeeping and the async variant.
+
+    A mixin, not a contract: :class:`RolloutEngine` is the contract.
+    """
+
+    _version: int = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _set_version(self, version: int) -> None:
+        self._version = check_nonnegative_int("version", version)
+
+    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        raise NotImplementedError
+
+    async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+        """``generate`` on a worker thread, so an event loop keeps serving meanwhile."""
+        return await asyncio.to_thread(self.generate, prompts, num_samples)
+
+
+def check_generate_args(prompts: Sequence[torch.Tensor], num_samples: int) -> None:
+    """Validate ``generate``'s arguments, naming the bad one."""
+    check_positive_int("num_samples", num_samples)
     if len(prompts) == 0:
         raise ValueError("prompts must not be empty")
     for i, prompt in enumerate(prompts):

@@ -12,7 +12,6 @@ one, which is real off-policyness and shows up in the ratio statistics.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import inspect
 from collections.abc import Mapping, Sequence
@@ -20,14 +19,14 @@ from typing import Any
 
 import torch
 
-from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import token_logprobs, weights_checksum
-from asyncrlhf.rollout.base import Sample, check_prompts
+from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
 
 __all__ = ["HFEngine"]
 
 
-class HFEngine:
+class HFEngine(EngineBase):
     """Sampling engine around a Hugging Face causal LM.
 
     Args:
@@ -71,30 +70,22 @@ class HFEngine:
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._version = check_nonnegative_int("version", version)
+        self._set_version(version)
         # transformers 5 renamed the KV-cache argument and output from past_key_values to cache.
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state_dict`` into the engine's model and record its version."""
         self.model.load_state_dict(state_dict, strict=True)
-        self._version = check_nonnegative_int("version", version)
+        self._set_version(version)
 
     def checksum(self) -> str:
         return weights_checksum(self.model)
 
-    async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        return await asyncio.to_thread(self.generate, prompts, num_samples)
-
     @torch.no_grad()  # not inference_mode: callers may edit or reuse the returned tensors
     def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
         """Sample ``num_samples`` completions per prompt, prompt-major."""
-        check_prompts(prompts)
-        check_positive_int("num_samples", num_samples)
+        check_generate_args(prompts, num_samples)
         rows = [p.to(self.device) for p in prompts for _ in range(num_samples)]
         ids, attention = _left_pad(rows, self.pad_token_id)  # (N, P), (N, P)
         positions = (attention.cumsum(dim=1) - 1).clamp_min(0)

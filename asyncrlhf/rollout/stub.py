@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Mapping, Sequence
 
 import torch
 
-from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import weights_checksum
-from asyncrlhf.rollout.base import Sample, check_prompts
+from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
 
 __all__ = ["LatencyModelEngine", "StubEngine"]
 
 
-class StubEngine:
+class StubEngine(EngineBase):
     """Uniformly random tokens from a seeded generator; log-probs log(1/V). Tests only.
 
     Real shapes and real version bookkeeping, no model: for exercising buffers,
@@ -30,16 +29,11 @@ class StubEngine:
         self.max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
         self.eos_token_id = eos_token_id
         self._generator = torch.Generator().manual_seed(seed)
-        self._version = check_nonnegative_int("version", version)
+        self._set_version(version)
         self._weights: Mapping[str, torch.Tensor] | None = None
 
-    @property
-    def version(self) -> int:
-        return self._version
-
     def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        check_prompts(prompts)
-        check_positive_int("num_samples", num_samples)
+        check_generate_args(prompts, num_samples)
         n = len(prompts) * num_samples
         # One draw for the whole batch: a stub must cost (almost) nothing.
         lengths = torch.randint(1, self.max_new_tokens + 1, (n,), generator=self._generator).tolist()
@@ -50,12 +44,9 @@ class StubEngine:
             for i, length in enumerate(lengths)
         ]
 
-    async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        return await asyncio.to_thread(self.generate, prompts, num_samples)
-
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights = state_dict  # held, not used: there is no model
-        self._version = check_nonnegative_int("version", version)
+        self._set_version(version)
 
     def checksum(self) -> str:
         """Checksum of the weights last loaded."""

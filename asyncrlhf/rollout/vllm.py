@@ -13,15 +13,14 @@ against vLLM's V1 API:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import weights_checksum
-from asyncrlhf.rollout.base import Sample, check_prompts
+from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
 
 __all__ = ["VLLMEngine", "vllm_available"]
 
@@ -38,7 +37,7 @@ def _load_weights_rpc(worker: Any, items: list[tuple[str, torch.Tensor]]) -> Non
     worker.model_runner.model.load_weights(weights=items)
 
 
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     """vLLM-backed engine with the same protocol as :class:`~asyncrlhf.rollout.HFEngine`.
 
     Args:
@@ -73,17 +72,12 @@ class VLLMEngine:
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self.llm = LLM(model=str(model_path), seed=seed, **llm_kwargs)
-        self._version = check_nonnegative_int("version", version)
+        self._set_version(version)
         self._calls = 0
         self._checksum: str | None = None
 
-    @property
-    def version(self) -> int:
-        return self._version
-
     def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        check_prompts(prompts)
-        check_positive_int("num_samples", num_samples)
+        check_generate_args(prompts, num_samples)
         params = self._sampling(
             n=num_samples,
             temperature=self.temperature,
@@ -106,15 +100,12 @@ class VLLMEngine:
                 )  # fmt: skip
         return samples
 
-    async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        return await asyncio.to_thread(self.generate, prompts, num_samples)
-
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         items = list(state_dict.items())
         self.llm.collective_rpc(_load_weights_rpc, args=(items,))
         self.llm.reset_prefix_cache()  # cached KV of the old weights is now wrong
         self._checksum = weights_checksum(state_dict)
-        self._version = check_nonnegative_int("version", version)
+        self._set_version(version)
 
     def checksum(self) -> str:
         """Checksum of the weights last loaded (vLLM shards and fuses them internally,
