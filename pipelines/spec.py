@@ -1,0 +1,313 @@
+"""Experiment specs: one pydantic model per section, every field described.
+
+An experiment is a YAML file validated into :class:`ExperimentSpec`. Unknown keys fail at
+once (``extra="forbid"``), cross-field rules live in model validators, and a default
+lives here and nowhere else. ``load_spec(path, ["trainer.lr=1e-4"])`` applies dotted
+overrides before validation, so they are typed by the schema like the file itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "AlgorithmSpec",
+    "BufferSpec",
+    "ExperimentSpec",
+    "ModelSpec",
+    "OrchestratorSpec",
+    "RewardTermSpec",
+    "RolloutSpec",
+    "RuntimeSpec",
+    "SpecError",
+    "TaskSpec",
+    "TrackingSpec",
+    "TrainerSpec",
+    "apply_overrides",
+    "flatten",
+    "load_spec",
+    "spec_hash",
+]
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message names each bad field and its value."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class WarmStartSpec(_Section):
+    steps: int = Field(600, ge=0, description="Supervised warm-start steps on the addition task (0: none).")
+    batch_size: int = Field(128, ge=1, description="Problems per warm-start step.")
+    lr: float = Field(3e-3, gt=0, description="Warm-start AdamW learning rate.")
+
+
+class ModelSpec(_Section):
+    kind: Literal["tiny", "pretrained"] = Field(
+        "tiny", description="'tiny': the built-in Llama-style model, warm-started and cached; "
+        "'pretrained': a local Hugging Face model directory given by `path`."
+    )  # fmt: skip
+    path: str | None = Field(None, description="Local Hugging Face model directory (kind 'pretrained').")
+    hidden_size: int = Field(128, ge=8, description="Tiny model: hidden width.")
+    intermediate_size: int = Field(256, ge=8, description="Tiny model: MLP width.")
+    num_layers: int = Field(2, ge=1, description="Tiny model: transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Tiny model: attention heads (must divide hidden_size).")
+    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec, description="Tiny model: warm start.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where model, engine and trainer run.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.kind == "pretrained":
+            if self.path is None:
+                raise ValueError("kind 'pretrained' needs a path")
+            if not (Path(self.path) / "config.json").is_file():
+                raise ValueError(f"path {self.path!r} is not a Hugging Face model directory (no config.json)")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
+        return self
+
+
+class TaskSpec(_Section):
+    kind: Literal["addition", "jsonl"] = Field("addition", description="The verifiable task.")
+    digits: int = Field(2, ge=1, le=6, description="Addition: digits per operand.")
+    eval_size: int = Field(200, ge=1, description="Addition: held-out problems.")
+    path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines.")
+    eval_path: str | None = Field(None, description="JSONL: separate evaluation file (else a held-out share).")
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL: share held out when no eval_path.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskSpec:
+        if self.kind == "jsonl":
+            if self.path is None:
+                raise ValueError("kind 'jsonl' needs a path")
+            for name in ("path", "eval_path"):
+                value = getattr(self, name)
+                if value is not None and not Path(value).is_file():
+                    raise ValueError(f"{name} {value!r} does not exist")
+        return self
+
+
+class RolloutSpec(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: Hugging Face (anywhere) or vLLM (GPU).")
+    group_size: int = Field(8, ge=1, description="Completions per prompt (G); the GRPO group.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer recomputes at it).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass; < 1 makes the behaviour policy differ.")
+    max_new_tokens: int = Field(5, ge=1, description="Response length cap.")
+    workers: int = Field(1, ge=1, description="Rollout workers (the local runtime runs one).")
+
+
+class RewardTermSpec(_Section):
+    kind: str = Field(
+        description="Registered reward ('exact_match', 'contains', 'target_token', 'terminated') "
+        "or a dotted path 'package.module:function'."
+    )
+    weight: float = Field(1.0, description="Weight of this term in the summed reward.")
+
+    @field_validator("kind")
+    @classmethod
+    def _resolvable(cls, kind: str) -> str:
+        from asyncrlhf.rewards import get_reward
+
+        get_reward(kind)  # raises ValueError naming the kind
+        return kind
+
+
+class AlgorithmSpec(_Section):
+    name: Literal["grpo", "ppo", "m2po"] = Field("grpo", description="Policy loss.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO clip range ε (M2PO: only with m2_clip).")
+    m2_threshold: float = Field(0.04, ge=0, description="M2PO: bound τ on the mean (log r)² of kept tokens.")
+    m2_mode: Literal["batch", "token"] = Field("batch", description="M2PO: the paper's batch rule or per-token.")
+    m2_clip: bool = Field(False, description="M2PO: also apply the PPO clip (the paper does not).")
+    kl_coef: float = Field(0.0, ge=0, description="GRPO: weight of the k3 KL to the frozen initial policy.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "seq-mean-token-mean", description="GRPO: how per-token losses reduce to a scalar."
+    )
+    scale_advantages: bool = Field(True, description="Divide group advantages by their std (False: Dr. GRPO).")
+
+    def loss_options(self) -> dict[str, Any]:
+        """Keyword options of the chosen loss."""
+        if self.name == "ppo":
+            return {"clip_eps": self.clip_eps}
+        if self.name == "m2po":
+            clip = self.clip_eps if self.m2_clip or self.m2_mode == "token" else None
+            return {"m2_threshold": self.m2_threshold, "mode": self.m2_mode, "clip_eps": clip}
+        return {"clip_eps": self.clip_eps, "kl_coef": self.kl_coef, "loss_agg": self.loss_agg}
+
+
+class BufferSpec(_Section):
+    max_staleness: int = Field(1, ge=0, description="async: largest τ = trainer version − data version trained on.")
+
+
+class TrainerSpec(_Section):
+    steps: int = Field(400, ge=1, description="Trainer steps (one policy version each).")
+    batch_size: int = Field(512, ge=1, description="Experiences per step; a multiple of rollout.group_size.")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (null: no clipping).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
+
+
+class OrchestratorSpec(_Section):
+    mode: Literal["sync", "async", "lagged"] = Field("async", description="How rollout and training interleave.")
+    sync_every: int = Field(1, ge=1, description="async: publish weights every this many steps.")
+    lag: int | None = Field(None, ge=0, description="lagged: data of step v comes from version max(0, v − lag).")
+    eval_every: int = Field(50, ge=0, description="Held-out greedy evaluation every this many steps (0: never).")
+    timeout_s: float = Field(600.0, gt=0, description="Longest any wait may last before the run fails.")
+
+
+class RuntimeSpec(_Section):
+    kind: Literal["local"] = Field("local", description="Where the run executes: in this process.")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (null: torch's default).")
+
+
+class TrackingSpec(_Section):
+    uri: str | None = Field(
+        None, description="MLflow tracking URI; null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow/mlflow.db."
+    )
+    experiment: str = Field("asyncrlhf", min_length=1, description="MLflow experiment name.")
+    run_name: str | None = Field(None, description="MLflow run name (default: the spec's name).")
+    tags: dict[str, str] = Field(default_factory=dict, description="Extra MLflow tags.")
+    flush_every: int = Field(10, ge=1, description="Send metrics to MLflow every this many steps (log_batch).")
+
+
+class ExperimentSpec(_Section):
+    """A whole experiment: what to train, how, and where the results go."""
+
+    name: str = Field("experiment", min_length=1, description="Short name; the default MLflow run name.")
+    description: str = Field("", description="What this experiment is for.")
+    seed: int = Field(0, ge=0, description="Seeds the task, the engine, the trainer and torch.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The policy.")
+    task: TaskSpec = Field(default_factory=TaskSpec, description="The verifiable task.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Sampling.")
+    rewards: list[RewardTermSpec] = Field(
+        default_factory=lambda: [RewardTermSpec(kind="exact_match")],
+        min_length=1,
+        description="Reward terms, summed with their weights.",
+    )
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="The policy loss.")
+    buffer: BufferSpec = Field(default_factory=BufferSpec, description="The replay buffer.")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Optimisation.")
+    orchestrator: OrchestratorSpec = Field(default_factory=OrchestratorSpec, description="Rollout/training interplay.")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="Where it runs.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="MLflow.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> ExperimentSpec:
+        group = self.rollout.group_size
+        if self.trainer.batch_size % group:
+            raise ValueError(
+                f"trainer.batch_size={self.trainer.batch_size} is not a multiple of rollout.group_size={group}"
+            )
+        if self.trainer.mini_batches > self.trainer.batch_size:
+            raise ValueError(
+                f"trainer.mini_batches={self.trainer.mini_batches} exceeds trainer.batch_size={self.trainer.batch_size}"
+            )
+        orch = self.orchestrator
+        if orch.mode == "lagged" and orch.lag is None:
+            raise ValueError("orchestrator.lag is required in mode 'lagged'")
+        if orch.mode == "async" and orch.sync_every > self.buffer.max_staleness + 1:
+            raise ValueError(
+                f"orchestrator.sync_every={orch.sync_every} > buffer.max_staleness + 1 = "
+                f"{self.buffer.max_staleness + 1}: the rollout worker could never get fresh enough weights"
+            )
+        if self.rollout.engine == "vllm" and self.model.kind != "pretrained":
+            raise ValueError("rollout.engine 'vllm' needs model.kind 'pretrained' (a directory vLLM can load)")
+        return self
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.trainer.batch_size // self.rollout.group_size
+
+
+# ---------------------------------------------------------------------------- loading
+def _format_error(err: ValidationError, data: Any) -> str:
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown key (value {item['input']!r})")
+        elif loc and not isinstance(item["input"], dict):
+            lines.append(f"{loc}: {message} (got {item['input']!r})")
+        elif loc:
+            lines.append(f"{loc}: {message}")
+        else:
+            lines.append(message)
+    return "; ".join(lines)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Set ``a.b=value`` overrides in a nested dict; values are parsed as YAML scalars."""
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"override {override!r} is not of the form key.path=value")
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"override {override!r}: {part!r} is not a section")
+            node = child
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as err:
+            raise SpecError(f"override {override!r}: value is not valid YAML: {err}") from err
+    return data
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentSpec:
+    """Read a YAML experiment, apply dotted overrides, validate.
+
+    Raises:
+        SpecError: one message naming every bad field and its value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from err
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return spec_from_dict(apply_overrides(data, overrides), source=str(path))
+
+
+def spec_from_dict(data: dict[str, Any], source: str = "spec") -> ExperimentSpec:
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(f"{source}: {_format_error(err, data)}") from None
+
+
+def flatten(spec: BaseModel) -> dict[str, str]:
+    """The resolved spec as dotted ``key: value`` strings (MLflow params)."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, child in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), child)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for index, child in enumerate(value):
+                walk(f"{prefix}.{index}", child)
+        else:
+            out[prefix] = json.dumps(value) if isinstance(value, list | type(None)) else str(value)
+
+    walk("", spec.model_dump(mode="json"))
+    return out
+
+
+def spec_hash(spec: BaseModel) -> str:
+    """A stable short hash of the resolved spec."""
+    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]

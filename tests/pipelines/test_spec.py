@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.spec import ExperimentSpec, SpecError, flatten, load_spec, spec_hash
+
+EXPERIMENTS = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_every_shipped_experiment_validates_and_names_its_command(path):
+    spec = load_spec(path)
+    assert spec.trainer.batch_size % spec.rollout.group_size == 0
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# asyncrlhf run experiments/") and path.name in first
+
+
+def test_the_quickstart_is_async_and_learns_on_the_tiny_model():
+    spec = load_spec(EXPERIMENTS[[p.name for p in EXPERIMENTS].index("quickstart.yaml")])
+    assert (spec.orchestrator.mode, spec.model.kind, spec.rollout.engine) == ("async", "tiny", "hf")
+
+
+BAD = [
+    ("bogus: 1\n", ["bogus", "unknown key", "1"]),
+    ("trainer:\n  lr: fast\n", ["trainer.lr", "'fast'"]),
+    ("buffer:\n  max_staleness: -1\n", ["buffer.max_staleness", "-1"]),
+    ("rollout:\n  group_size: 0\n", ["rollout.group_size", "0"]),
+    ("trainer:\n  batch_size: 10\n", ["trainer.batch_size=10", "rollout.group_size=8"]),
+    ("model:\n  kind: pretrained\n  path: /no/such/model\n", ["model", "/no/such/model"]),
+    ("name: [unclosed\n", ["malformed YAML"]),
+    ("rewards:\n  - kind: no_such_reward\n", ["rewards.0.kind", "no_such_reward"]),
+    ("orchestrator:\n  mode: lagged\n", ["orchestrator.lag"]),
+    ("orchestrator:\n  mode: async\n  sync_every: 5\n", ["orchestrator.sync_every=5"]),
+    ("- just\n- a list\n", ["mapping"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD, ids=[e[0] for e in BAD])
+def test_bad_specs_fail_with_one_line_naming_field_and_value(tmp_path, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_overrides_are_typed_by_the_schema(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("name: x\n")
+    spec = load_spec(path, ["trainer.lr=1e-4", "rollout.group_size=4", "orchestrator.mode=lagged",
+                            "orchestrator.lag=3", "tracking.tags={team: rl}"])  # fmt: skip
+    assert spec.trainer.lr == 1e-4 and spec.rollout.group_size == 4
+    assert spec.orchestrator.lag == 3 and spec.tracking.tags == {"team": "rl"}
+    with pytest.raises(SpecError, match=r"trainer\.steps"):
+        load_spec(path, ["trainer.steps=many"])
+    with pytest.raises(SpecError, match=r"key\.path=value"):
+        load_spec(path, ["trainer.steps"])
+
+
+def test_missing_file():
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec("no/such/spec.yaml")
+
+
+def test_every_field_is_described():
+    schema = ExperimentSpec.model_json_schema()
+
+    def undescribed(node: dict, where: str) -> list[str]:
+        out = []
+        for name, prop in node.get("properties", {}).items():
+            if "description" not in prop:
+                out.append(f"{where}.{name}")
+        return out
+
+    missing = undescribed(schema, "spec")
+    for name, definition in schema.get("$defs", {}).items():
+        missing += undescribed(definition, name)
+    assert missing == []
+    json.dumps(schema)
+
+
+def test_flatten_and_hash_are_stable():
+    spec = ExperimentSpec()
+    flat = flatten(spec)
+    assert flat["trainer.lr"] == "0.0003" and flat["rewards.0.kind"] == "exact_match"
+    assert spec_hash(spec) == spec_hash(ExperimentSpec()) != spec_hash(ExperimentSpec(seed=1))
