@@ -1,5 +1,4 @@
-"""The experiment platform (specs, CLI, MLflow tracking, sweeps, benchmarks).
+"""The experiment platform: specs, the ``asyncrlhf`` CLI, MLflow tracking.
 
-Empty for now: it arrives with the pipelines issue. The core library ``asyncrlhf``
-never imports from here.
+The core library ``asyncrlhf`` never imports from here; this layer may import mlflow.
 """

@@ -1,0 +1,158 @@
+"""Run one experiment spec: build everything from it, train, track in MLflow."""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, pretrained_policy
+from asyncrlhf.orchestration import Orchestrator, RunHistory
+from asyncrlhf.rewards import CompositeReward, RewardTerm
+from asyncrlhf.rollout import HFEngine, VLLMEngine
+from asyncrlhf.tasks import AdditionTask, JsonlTask
+from asyncrlhf.training import TrainerWorker
+from pipelines.spec import ExperimentSpec
+
+__all__ = ["RunResult", "build_orchestrator", "run_experiment", "seed_everything"]
+
+MetricsCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class RunResult:
+    """What a finished run returns."""
+
+    run_id: str | None
+    final_metrics: dict[str, float]
+    history: RunHistory
+    tracking_uri: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _device(spec: ExperimentSpec) -> str:
+    if spec.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.model.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device is 'cuda' but no CUDA device is available")
+    return spec.model.device
+
+
+def _policy_path(spec: ExperimentSpec) -> str:
+    model = spec.model
+    if model.kind == "pretrained":
+        assert model.path is not None
+        return model.path
+    tiny = TinyModelConfig(
+        hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+    )
+    digits = spec.task.digits if spec.task.kind == "addition" else 2
+    warm = WarmStartConfig(
+        digits=digits,
+        steps=model.warm_start.steps,
+        batch_size=model.warm_start.batch_size,
+        lr=model.warm_start.lr,
+        seed=spec.seed,
+    )
+    return str(pretrained_policy(tiny, warm))
+
+
+def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None) -> Orchestrator:
+    """Model, task, engine, reward, trainer and orchestrator, all from the spec."""
+    seed_everything(spec.seed)
+    if spec.runtime.torch_threads is not None:
+        torch.set_num_threads(spec.runtime.torch_threads)
+    device = _device(spec)
+    path = _policy_path(spec)
+    model, tokenizer = load_pretrained(path, device)
+    if spec.task.kind == "addition":
+        task: Any = AdditionTask(tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size)
+    else:
+        task = JsonlTask(tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed)
+    reward = CompositeReward([RewardTerm(term.kind, term.weight) for term in spec.rewards])
+    algo = spec.algorithm
+    ref_model = copy.deepcopy(model) if algo.name == "grpo" and algo.kl_coef > 0 else None
+    trainer = TrainerWorker(
+        model,
+        tokenizer.pad_token_id,
+        algo.name,
+        algo.loss_options(),
+        lr=spec.trainer.lr,
+        weight_decay=spec.trainer.weight_decay,
+        grad_clip=spec.trainer.grad_clip,
+        temperature=spec.rollout.temperature,
+        ppo_epochs=spec.trainer.ppo_epochs,
+        mini_batches=spec.trainer.mini_batches,
+        ref_model=ref_model,
+        seed=spec.seed,
+    )
+    rollout = spec.rollout
+    if rollout.engine == "vllm":
+        engine: Any = VLLMEngine(
+            path, rollout.max_new_tokens, rollout.temperature, rollout.top_p, seed=spec.seed + 1
+        )  # fmt: skip
+    else:
+        engine = HFEngine(
+            model, tokenizer.eos_token_id, tokenizer.pad_token_id, rollout.max_new_tokens,
+            rollout.temperature, rollout.top_p, seed=spec.seed + 1, device=device,
+        )  # fmt: skip
+    orch = spec.orchestrator
+    return Orchestrator(
+        engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
+        mode=orch.mode, group_size=rollout.group_size, prompts_per_step=spec.prompts_per_step,
+        max_staleness=spec.buffer.max_staleness, sync_every=orch.sync_every, lag=orch.lag or 0,
+        eval_problems=task.eval_problems(), eval_every=orch.eval_every,
+        scale_advantages=algo.scale_advantages, on_metrics=on_metrics, timeout_s=orch.timeout_s,
+    )  # fmt: skip
+
+
+def run_experiment(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None, track: bool = True) -> RunResult:
+    """Build, run and track one experiment.
+
+    Everything is built before the MLflow run is created, so a spec whose model or data
+    cannot be loaded leaves no run behind; once the run exists, any failure marks it
+    FAILED with the error.
+    """
+    from pipelines.tracking import Tracker
+
+    tracker = Tracker(spec.tracking) if track else None
+    callbacks = [cb for cb in (tracker.on_metrics if tracker else None, on_metrics) if cb is not None]
+
+    def fan_out(step: int, metrics: dict[str, float]) -> None:
+        for callback in callbacks:
+            callback(step, metrics)
+
+    orchestrator = build_orchestrator(spec, on_metrics=fan_out)
+    run_id = tracker.start(spec) if tracker else None
+    try:
+        start = time.perf_counter()
+        history = orchestrator.run(spec.trainer.steps)
+        wall = time.perf_counter() - start
+        # Per-step tracking cost as a share of the run (the < 5% budget); the one-off
+        # cost of plots and artifacts at the end is reported separately.
+        extra = {"perf/tracking_frac": tracker.step_seconds / wall} if tracker else {}
+        if tracker:
+            tracker.finish(history, extra)
+            extra["time/tracking_finish_s"] = tracker.finish_seconds
+    except BaseException as error:
+        if tracker:
+            tracker.fail(error)
+        raise
+    final = history.final()
+    final.update(extra)
+    return RunResult(run_id, final, history, tracker.uri if tracker else None)

@@ -1,0 +1,191 @@
+"""MLflow tracking: the one place that turns the core's metrics into MLflow calls.
+
+Default store: ``sqlite:///mlflow/mlflow.db`` with artifacts in ``mlflow/artifacts``
+(relative to the working directory); ``MLFLOW_TRACKING_URI`` or ``tracking.uri``
+override it, as everywhere in MLflow. A run gets the whole resolved spec as flattened
+params and as ``spec.yaml``, tags (spec hash, git commit, mode, algorithm), per-step
+metrics sent in batches with ``log_batch``, and at the end plots, the history as
+CSV/JSON and the timeline. A run that fails is marked FAILED with its error; it is
+never left RUNNING.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from asyncrlhf.orchestration import RunHistory
+from pipelines.spec import ExperimentSpec, TrackingSpec, flatten, spec_hash
+
+__all__ = ["DEFAULT_TRACKING_URI", "Tracker", "artifact_root_for", "resolve_tracking_uri"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
+_MAX_PARAMS, _MAX_METRICS = 100, 1000  # per log_batch request (MLflow REST limits)
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """``configured``, else ``$MLFLOW_TRACKING_URI``, else the local SQLite store."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def artifact_root_for(uri: str) -> str | None:
+    """For a local SQLite store, ``artifacts/`` beside the database (as a file URI)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
+    return None  # a server or other store chooses its own
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+class Tracker:
+    """One MLflow run: ``start`` → ``on_metrics`` per step → ``finish`` or ``fail``."""
+
+    def __init__(self, tracking: TrackingSpec) -> None:
+        from mlflow import MlflowClient
+
+        self.config = tracking
+        self.uri = resolve_tracking_uri(tracking.uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.run_id: str | None = None
+        self.step_seconds = 0.0  # time spent in per-step tracking (the on_metrics callback)
+        self.finish_seconds = 0.0  # time spent on final metrics, plots and artifacts
+        self._pending: list[Any] = []
+        self._steps_since_flush = 0
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self, spec: ExperimentSpec) -> str:
+        """Create the run and log the resolved spec before the first step."""
+        from mlflow.entities import Param, RunTag
+
+        experiment = self.client.get_experiment_by_name(self.config.experiment)
+        if experiment is None:
+            experiment_id = self.client.create_experiment(
+                self.config.experiment, artifact_location=artifact_root_for(self.uri)
+            )
+        else:
+            experiment_id = experiment.experiment_id
+        tags = {
+            "spec_hash": spec_hash(spec),
+            "mode": spec.orchestrator.mode,
+            "algorithm": spec.algorithm.name,
+            "engine": spec.rollout.engine,
+            **self.config.tags,
+        }
+        commit = _git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
+        self.run_id = run.info.run_id
+        params = [Param(k, v[:6000]) for k, v in flatten(spec).items()]
+        for i in range(0, len(params), _MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS], synchronous=True)
+        self.client.log_text(self.run_id, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), "spec.yaml")
+        self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", "running")], synchronous=True)
+        return self.run_id
+
+    def on_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """The core's ``on_metrics`` callback: queue, and flush every ``flush_every`` steps."""
+        from mlflow.entities import Metric
+
+        begin = time.perf_counter()
+        now = int(time.time() * 1000)
+        self._pending.extend(
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if key != "step" and isinstance(value, int | float) and math.isfinite(value)
+        )
+        self._steps_since_flush += 1
+        if self._steps_since_flush >= self.config.flush_every:
+            self.flush()
+        self.step_seconds += time.perf_counter() - begin
+
+    def flush(self) -> None:
+        assert self.run_id is not None, "start() first"
+        pending, self._pending, self._steps_since_flush = self._pending, [], 0
+        for i in range(0, len(pending), _MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=pending[i : i + _MAX_METRICS], synchronous=True)
+
+    def finish(self, history: RunHistory, extra: dict[str, float] | None = None) -> None:
+        """Final metrics, artifacts, and status FINISHED."""
+        from mlflow.entities import Metric, RunTag
+
+        from pipelines.plots import plot_curves, plot_timeline
+
+        begin = time.perf_counter()
+        self.flush()
+        now = int(time.time() * 1000)
+        final = [Metric(k, float(v), now, 0) for k, v in history.initial_metrics.items() if math.isfinite(v)]
+        # Whole-run figures; those the per-step stream already carries (cumulative
+        # throughput) are not logged twice at the last step.
+        per_step = set(history.steps[-1]) if history.steps else set()
+        summary = {k: v for k, v in {**history.summary, **(extra or {})}.items() if k not in per_step}
+        last = len(history.steps)
+        final += [Metric(k, float(v), now, last) for k, v in summary.items() if math.isfinite(v)]
+        self.client.log_batch(self.run_id, metrics=final, synchronous=True)
+        artifacts = Path(os.environ.get("TMPDIR", "/tmp")) / f"asyncrlhf-{self.run_id}"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        try:
+            _write_history(history, artifacts)
+            plot_curves(history, artifacts / "curves.png")
+            plot_timeline(history, artifacts / "timeline.png")
+            for path in sorted(artifacts.iterdir()):
+                folder = "plots" if path.suffix == ".png" else "history"
+                self.client.log_artifact(self.run_id, str(path), folder)
+        finally:
+            for path in artifacts.iterdir():
+                path.unlink()
+            artifacts.rmdir()
+        self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", "finished")], synchronous=True)
+        self.client.set_terminated(self.run_id, status="FINISHED")
+        self.finish_seconds += time.perf_counter() - begin
+
+    def fail(self, error: BaseException) -> None:
+        """Mark the run FAILED with its error (never leave it RUNNING)."""
+        if self.run_id is None:
+            return
+        from mlflow.entities import RunTag
+
+        message = f"{type(error).__name__}: {error}"[:4000]
+        try:
+            self.flush()
+        finally:
+            self.client.log_batch(
+                self.run_id, tags=[RunTag("asyncrlhf.status", "failed"), RunTag("error", message)], synchronous=True
+            )
+            status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+            self.client.set_terminated(self.run_id, status=status)
+
+
+def _write_history(history: RunHistory, folder: Path) -> None:
+    keys = sorted({k for step in history.steps for k in step})
+    lines = [",".join(keys)]
+    lines += [",".join("" if k not in s else repr(float(s[k])) for k in keys) for s in history.steps]
+    (folder / "history.csv").write_text("\n".join(lines) + "\n")
+    (folder / "history.json").write_text(
+        json.dumps(
+            {
+                "mode": history.mode,
+                "initial_metrics": history.initial_metrics,
+                "summary": history.summary,
+                "steps": history.steps,
+            },
+            indent=1,
+        )
+    )
+    (folder / "timeline.json").write_text(json.dumps([[e.worker, e.phase, e.start, e.end] for e in history.timeline]))
