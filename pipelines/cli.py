@@ -1,0 +1,145 @@
+"""The ``asyncrlhf`` command line: run, validate, schema, ui."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pipelines.spec import ExperimentSpec, SpecError, load_spec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Asynchronous RL post-training experiments.")
+console = Console()
+errors = Console(stderr=True)
+
+SpecArg = Annotated[Path, typer.Argument(help="Experiment YAML file.", show_default=False)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable).")]
+
+
+def _load(spec_path: Path, overrides: list[str] | None) -> ExperimentSpec:
+    try:
+        return load_spec(spec_path, overrides or [])
+    except SpecError as err:
+        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(spec: SpecArg, set_: SetOpt = None) -> None:
+    """Check a spec (and overrides) without running anything."""
+    experiment = _load(spec, set_)
+    console.print(
+        f"[green]ok[/] {spec}: {experiment.name} — {experiment.algorithm.name}, {experiment.orchestrator.mode}, "
+        f"{experiment.trainer.steps} steps × {experiment.trainer.batch_size} samples"
+    )
+
+
+@app.command()
+def schema(output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None) -> None:
+    """Print the JSON Schema of experiment specs (for editor validation of YAML)."""
+    text = json.dumps(ExperimentSpec.model_json_schema(), indent=2)
+    if output is None:
+        sys.stdout.write(text + "\n")
+    else:
+        output.write_text(text + "\n")
+
+
+@app.command()
+def run(spec: SpecArg, set_: SetOpt = None) -> None:
+    """Run an experiment and log it to MLflow."""
+    from pipelines.run import run_experiment
+
+    experiment = _load(spec, set_)
+    steps = experiment.trainer.steps
+    latest: dict[str, float] = {}
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        latest.update(metrics)
+        accuracy = latest.get("eval/accuracy", math.nan)
+        status = (
+            f"reward {latest['reward/mean']:.3f}  acc {accuracy:.3f}  staleness {latest['staleness/mean']:.2f}  "
+            f"{latest['perf/samples_per_s']:.0f} samples/s"
+        )
+        progress.update(task, completed=step, status=status, description=label)
+
+    console.print(f"[bold]{experiment.name}[/]: {experiment.description or spec}")
+    label = f"{experiment.algorithm.name}/{experiment.orchestrator.mode}"
+    with progress:
+        task = progress.add_task(f"{label} (building the model)", total=steps, status="")
+        try:
+            result = run_experiment(experiment, on_metrics=on_metrics)
+        except KeyboardInterrupt:
+            errors.print("[yellow]interrupted[/]: the MLflow run is marked KILLED")
+            raise typer.Exit(130) from None
+        except Exception as err:  # the run is already marked FAILED
+            errors.print(f"[bold red]run failed:[/] {type(err).__name__}: {err}", highlight=False)
+            raise typer.Exit(1) from None
+    _summary(result)
+
+
+def _summary(result) -> None:  # type: ignore[no-untyped-def]
+    final = result.final_metrics
+    initial = result.history.initial_metrics.get("eval/accuracy")
+    table = Table(title="summary", show_header=False)
+    if initial is not None and "eval/accuracy" in final:
+        table.add_row("held-out accuracy", f"{initial:.3f} → {final['eval/accuracy']:.3f}")
+    for key, label in [
+        ("reward/mean", "last reward/mean"),
+        ("perf/samples_per_s", "samples/s"),
+        ("perf/bubble_frac_trainer", "trainer bubble"),
+        ("perf/tracking_frac", "tracking share of time"),
+        ("time/total_s", "wall time (s)"),
+    ]:
+        if key in final:
+            table.add_row(label, f"{final[key]:.3f}" if abs(final[key]) < 100 else f"{final[key]:.0f}")
+    table.add_row("MLflow run", str(result.run_id))
+    table.add_row("store", str(result.tracking_uri))
+    console.print(table)
+    console.print("Compare runs: [bold]asyncrlhf ui[/] (then open http://127.0.0.1:5000)")
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="Port to serve on.")] = 5000,
+    host: Annotated[str, typer.Option(help="Interface to bind (local only by default).")] = "127.0.0.1",
+    uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
+) -> None:
+    """Serve the MLflow UI for the local store."""
+    from pipelines.tracking import resolve_tracking_uri
+
+    store = resolve_tracking_uri(uri)
+    mlflow_bin = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
+    command = [mlflow_bin, "ui", "--backend-store-uri", store, "--host", host, "--port", str(port)]
+    console.print(f"MLflow UI for {store} on http://{host}:{port} (Ctrl-C to stop)")
+    try:
+        raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.run import run_experiment
+from pipelines.spec import load_spec
+from tests.pipelines.conftest import REPO, cli, env
+
+QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+SHORT = ["--set", "trainer.steps=6", "--set", "trainer.batch_size=64", "--set", "orchestrator.eval_every=3",
+         "--set", "task.eval_size=20"]  # fmt: skip
+
+
+def runs(uri: str) -> list:
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not db.exists():
+        return []
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return list(client.search_runs(experiments)) if experiments else []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["bogus=1"], "bogus: unknown key"),
+        (["trainer.lr=fast"], "trainer.lr"),
+        (["buffer.max_staleness=-1"], "buffer.max_staleness"),
+        (["rollout.group_size=0"], "rollout.group_size"),
+        (["trainer.batch_size=100"], "trainer.batch_size=100"),
+        (["model.kind=pretrained", "model.path=/no/such/model"], "/no/such/model"),
+        (["rewards=[{kind: nope}]"], "rewards.0.kind"),
+    ],
+)
+def test_bad_specs_exit_non_zero_with_one_line_and_no_run(store, overrides, fragment):
+    args = [a for o in overrides for a in ("--set", o)]
+    done = subprocess.run([*cli(), "run", str(QUICKSTART), *args], capture_output=True, text=True, env=env())
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0]
+    assert runs(store) == []
+
+
+def test_malformed_yaml_and_missing_file(store, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [oops\n")
+    for path, fragment in [(bad, "malformed YAML"), (tmp_path / "none.yaml", "does not exist")]:
+        done = subprocess.run([*cli(), "validate", str(path)], capture_output=True, text=True, env=env())
+        assert done.returncode == 2 and fragment in done.stderr
+    assert runs(store) == []
+
+
+def test_run_through_the_cli_into_a_real_store(store):
+    done = subprocess.run([*cli(), "run", str(QUICKSTART), *SHORT], capture_output=True, text=True, env=env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "summary" in done.stdout and "asyncrlhf ui" in done.stdout
+    (run,) = runs(store)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert (
+        params["trainer.steps"] == "6" and params["algorithm.name"] == "grpo" and params["orchestrator.mode"] == "async"
+    )
+    assert run.data.tags["mode"] == "async" and run.data.tags["algorithm"] == "grpo" and "spec_hash" in run.data.tags
+    client = MlflowClient(store)
+    for key in ["reward/mean", "loss/policy", "policy/clip_frac", "staleness/max", "buffer/size", "time/step_s",
+                "perf/samples_per_s"]:  # fmt: skip
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3, 4, 5, 6], key
+    accuracy = client.get_metric_history(run.info.run_id, "eval/accuracy")
+    assert sorted(m.step for m in accuracy) == [0, 3, 6]
+    assert "perf/bubble_frac_trainer" in run.data.metrics and "perf/tracking_frac" in run.data.metrics
+    artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
+    assert {"spec.yaml", "plots/curves.png", "plots/timeline.png", "history/history.csv"} <= artifacts
+
+
+def test_a_failing_run_is_marked_failed_with_its_error(store):
+    spec = load_spec(QUICKSTART, [s for s in SHORT if s != "--set"])
+
+    def explode(step: int, metrics: dict[str, float]) -> None:
+        if step == 2:
+            raise RuntimeError("boom at step 2")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_experiment(spec, on_metrics=explode)
+    (run,) = runs(store)
+    assert run.info.status == "FAILED"
+    assert "boom at step 2" in run.data.tags["error"]
+
+
+def test_schema_command_prints_json_schema():
+    done = subprocess.run([*cli(), "schema"], capture_output=True, text=True, env=env())
+    assert done.returncode == 0 and '"ExperimentSpec"' in done.stdout
