@@ -66,7 +66,9 @@ class LockedBuffer:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # A plain Lock (Condition's default is an RLock): pushes are the hot path.
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0  # samplers blocked in wait(); pushes notify only when > 0
         self._closed = False
         self._pushed = 0
         self._sampled = 0
@@ -90,9 +92,18 @@ class LockedBuffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._waiting += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiting -= 1
             self._sampled += self._units(out)
         return out
+
+    def _notify(self) -> None:
+        """Wake waiting samplers after new data (call with the lock held)."""
+        if self._waiting:
+            self._cond.notify_all()
 
     def _counters(self, size: int) -> dict[str, int]:
         """The shared counters; call with the lock held."""

@@ -36,7 +36,7 @@ class BoundedReplayBuffer(LockedBuffer):
                 self._items.popleft()
                 self._dropped_overflow += 1
             self._items.append(exp)
-            self._cond.notify_all()
+            self._notify()
             return True
 
     def sample(self, batch_size: int, timeout: float | None = None) -> list[Experience]:

@@ -10,6 +10,7 @@ KL to a frozen reference with Schulman's k3 estimator, exp(q − p) − (q − p
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -18,7 +19,7 @@ from asyncrlhf._checks import check_float, check_positive_int, check_rank, check
 from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
 from asyncrlhf.losses.ppo import clipped_surrogate
 
-__all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages"]
+__all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages", "group_advantages_scalar"]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 _LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -55,6 +56,28 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8, 
     # Equal rewards carry no signal; rounding in the mean must not turn into one.
     constant = values.amax(dim=1, keepdim=True) == values.amin(dim=1, keepdim=True)
     return torch.where(constant, torch.zeros_like(centred), centred).view_as(rewards)
+
+
+def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool = True) -> list[float]:
+    """:func:`group_advantages` of one group of host floats, in float64 Python.
+
+    For code that holds a handful of scalars (a buffer completing a group): the same
+    formula without tensor overhead.
+
+    >>> group_advantages_scalar([1.0, 0.0], scale=False)
+    [0.5, -0.5]
+    """
+    n = len(rewards)
+    if n == 0:
+        raise ValueError("rewards must not be empty")
+    if max(rewards) == min(rewards):
+        return [0.0] * n
+    mean = sum(rewards) / n
+    centred = [r - mean for r in rewards]
+    if not scale:
+        return centred
+    std = math.sqrt(sum(c * c for c in centred) / n)  # population std
+    return [c / (std + eps) for c in centred]
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg) -> torch.Tensor:

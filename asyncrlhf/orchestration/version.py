@@ -20,7 +20,7 @@ class VersionManager:
 
     def __init__(self, initial: int = 0) -> None:
         self._version = check_nonnegative_int("initial", initial)
-        self._changed = threading.Condition()
+        self._changed = threading.Condition(threading.Lock())  # read on every buffer push
 
     @property
     def version(self) -> int:

@@ -81,3 +81,15 @@ def test_group_size_must_be_positive(group_size):
 def test_rewards_must_split_into_groups():
     with pytest.raises(ValueError, match="group_size=3"):
         group_advantages(torch.ones(4), group_size=3)
+
+
+def test_scalar_twin_matches_the_tensor_version():
+    from asyncrlhf.losses.grpo import group_advantages_scalar
+
+    g = torch.Generator().manual_seed(0)
+    for scale in (True, False):
+        for _ in range(50):
+            rewards = (torch.rand(6, generator=g) * 3).round(decimals=1)
+            expected = group_advantages(rewards, group_size=6, scale=scale).tolist()
+            assert group_advantages_scalar(rewards.tolist(), scale=scale) == pytest.approx(expected, abs=1e-5)
+    assert group_advantages_scalar([0.1] * 3) == [0.0, 0.0, 0.0]
