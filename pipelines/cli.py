@@ -119,6 +119,31 @@ def _summary(result) -> None:  # type: ignore[no-untyped-def]
 
 
 @app.command()
+def bench(
+    suite: Annotated[str, typer.Option(help="'full' (nightly, ~10 min) or 'quick' (~1 min).")] = "full",
+    baseline: Annotated[Path, typer.Option(help="Baseline file to gate against.")] = Path("benchmarks/baseline.json"),
+    update_baseline: Annotated[bool, typer.Option("--update-baseline", help="Rewrite the baseline.")] = False,
+    tolerance: Annotated[float, typer.Option(help="Allowed relative worsening for ratio figures.")] = 0.25,
+    case: Annotated[list[str] | None, typer.Option("--case", help="Run only these cases (repeatable).")] = None,
+    report: Annotated[Path | None, typer.Option(help="Where to write the JSON report.")] = None,
+    uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
+    no_track: Annotated[bool, typer.Option("--no-track", help="Do not log to MLflow.")] = False,
+) -> None:
+    """Run the benchmark suite; exit 1 when a figure regressed against the baseline."""
+    from pipelines import bench as bench_module
+
+    if not 0 <= tolerance < 1:
+        errors.print(f"[bold red]error:[/] --tolerance must be in [0, 1), got {tolerance}")
+        raise typer.Exit(2)
+    try:
+        code = bench_module.main(suite, case, baseline, update_baseline, tolerance, report, uri, not no_track)
+    except ValueError as err:
+        errors.print(f"[bold red]error:[/] {err}", highlight=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+@app.command()
 def ui(
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 5000,
     host: Annotated[str, typer.Option(help="Interface to bind (local only by default).")] = "127.0.0.1",

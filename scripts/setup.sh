@@ -4,12 +4,16 @@
 # pyproject.toml is already satisfied and pip never pulls a multi-GB CUDA build.
 # On a GPU machine, install the torch build you want first and skip the pin:
 #   TORCH_SPEC=skip bash scripts/setup.sh
+# Elsewhere, choose the wheel: TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-if [ "${TORCH_SPEC:-torch==2.13.0}" != skip ]; then
-    .venv/bin/python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+if [ "$TORCH_SPEC" != skip ]; then
+    # Unquoted on purpose: it may carry pip options, e.g. "torch --index-url URL".
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pip install --quiet $TORCH_SPEC
 fi
 .venv/bin/python -m pip install --quiet -e ".[dev]"

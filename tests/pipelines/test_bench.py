@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.bench import Figure, compare
+from tests.pipelines.conftest import cli, env
+
+
+def fig(name: str, value: float, better: str = "higher", **kwargs) -> Figure:  # type: ignore[no-untyped-def]
+    return Figure(name, value, value, value, better, **kwargs)  # type: ignore[arg-type]
+
+
+def test_gate_uses_relative_and_absolute_tolerances():
+    baseline = {"speed": {"median": 10.0}, "cost": {"median": 2.0}, "bubble": {"median": 0.05}}
+    result = {
+        c.figure.name: c
+        for c in compare(
+            [fig("speed", 7.4), fig("cost", 2.4, "lower"), fig("bubble", 0.11, "lower", tolerance=0.05, absolute=True),
+             fig("fresh", 1.0)],
+            baseline,
+            tolerance=0.25,
+        )
+    }  # fmt: skip
+    assert result["speed"].status == "regressed" and result["speed"].limit == pytest.approx(7.5)  # 10 × (1 − 0.25)
+    assert result["cost"].status == "ok" and result["cost"].limit == pytest.approx(2.5)  # 2 × (1 + 0.25)
+    assert result["bubble"].status == "regressed" and result["bubble"].limit == pytest.approx(0.10)  # 0.05 + 0.05
+    assert result["fresh"].status == "new"
+
+
+def test_informational_figures_are_never_gated():
+    (c,) = compare([fig("in-process", 0.1, gate=False)], {"in-process": {"median": 5.0}}, tolerance=0.1)
+    assert c.status == "info"
+
+
+def bench(tmp_path, *args: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    report = tmp_path / "report.json"
+    command = [*cli(), "bench", "--suite", "quick", "--report", str(report), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env(), timeout=600)
+
+
+def baseline_file(tmp_path, figures: dict[str, float]) -> str:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"suites": {"quick": {"environment": {}, "figures": {
+        name: {"median": value} for name, value in figures.items()}}}}))  # fmt: skip
+    return str(path)
+
+
+def test_gate_fails_on_a_baseline_the_figures_are_worse_than(tmp_path):
+    unreachable = baseline_file(tmp_path, {"buffer.bounded_vs_deque": 100.0, "buffer.group_vs_deque": 0.001})
+    done = bench(tmp_path, "--case", "buffer", "--baseline", unreachable, "--no-track")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "REGRESSION buffer.bounded_vs_deque" in done.stdout
+    assert "REGRESSION buffer.group_vs_deque" not in done.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["regressions"] == ["buffer.bounded_vs_deque"]
+
+
+def test_gate_passes_against_a_baseline_the_figures_meet(tmp_path):
+    lenient = baseline_file(tmp_path, {"buffer.bounded_vs_deque": 0.001, "buffer.versioned_vs_deque": 0.001})
+    done = bench(tmp_path, "--case", "buffer", "--baseline", lenient, "--no-track")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "REGRESSION" not in done.stdout
+
+
+def test_update_baseline_rewrites_it_with_the_environment(tmp_path):
+    path = tmp_path / "new-baseline.json"
+    done = bench(tmp_path, "--case", "buffer", "--baseline", str(path), "--update-baseline", "--no-track")
+    assert done.returncode == 0, done.stdout[-3000:]
+    data = json.loads(path.read_text())["suites"]["quick"]
+    assert set(data["figures"]) == {"buffer.bounded_vs_deque", "buffer.versioned_vs_deque", "buffer.group_vs_deque"}
+    assert data["environment"]["torch"] and data["environment"]["cpu_count"]
+
+
+def test_bad_arguments_fail_clearly(tmp_path):
+    done = bench(tmp_path, "--case", "nope", "--no-track")
+    assert done.returncode == 2 and "no case ['nope']" in done.stderr
+    done = subprocess.run([*cli(), "bench", "--suite", "huge"], capture_output=True, text=True, env=env())
+    assert done.returncode == 2 and "unknown suite 'huge'" in done.stderr
+
+
+@pytest.mark.slow
+def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
+    done = bench(tmp_path, "--baseline", str(tmp_path / "none.json"), "--uri", store)
+    assert done.returncode == 0, done.stdout[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    names = {f["name"] for f in report["figures"]}
+    assert {"reward.speedup_vs_loop.B256_L1024", "losses.m2po_vs_ppo", "buffer.bounded_vs_deque",
+            "overhead.tracking_frac"} <= names  # fmt: skip
+    assert all(f["min"] <= f["median"] <= f["max"] for f in report["figures"])
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("benchmarks")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.tags["suite"] == "quick" and "torch" in run.data.params
+    assert "reward.speedup_vs_loop.B256_L1024" in run.data.metrics
