@@ -24,8 +24,10 @@ class VersionManager:
 
     @property
     def version(self) -> int:
-        with self._changed:
-            return self._version
+        # Reading one int attribute is atomic in CPython: no lock, because buffers read
+        # the version inside their own lock on every push, and nesting locks there makes
+        # contention convoys under many threads.
+        return self._version
 
     def __call__(self) -> int:
         """The current version: a VersionManager is also a zero-arg version source."""
