@@ -94,8 +94,19 @@ def _buffer_case(params: dict[str, Any]) -> list[Figure]:
     from benchmarks import buffer
 
     results = buffer.run(params["items"], params["repeats"])
+    # Six Python threads on one lock: GIL scheduling makes these ratios bimodal from run
+    # to run (0.1× to 0.8× seen for identical code, in wall and in CPU time alike), so
+    # they are reported, not gated. The accounting identity is asserted in every run.
     return [
-        Figure(f"buffer.{name}_vs_deque", r["median"], r["min"], r["max"], "higher", note="4 producers, 2 consumers")
+        Figure(
+            f"buffer.{name}_vs_deque",
+            r["median"],
+            r["min"],
+            r["max"],
+            "higher",
+            gate=False,
+            note="4 producers, 2 consumers",
+        )
         for name, r in results.items()
     ]
 
@@ -129,9 +140,12 @@ def _learning_case(params: dict[str, Any]) -> list[Figure]:
         spec = _quickstart_spec(params["overrides"], f"sqlite:///{tmp}/mlflow.db")
         result = run_experiment(spec, track=False)
     gain = result.final_metrics["eval/accuracy"] - result.history.initial_metrics["eval/accuracy"]
-    # Deterministic at a fixed seed: one run, min = max = median.
+    # Reproducible in a given process setup, so one run (min = max = median). Across
+    # processes the CPU kernels' float results can differ in the last bits, and 400
+    # sampled steps amplify that: +28.5 here vs +31.5 via the CLI for the same spec.
+    # Hence 8 points of slack.
     return [Figure("learning.quickstart_accuracy_gain", gain, gain, gain, "higher", unit="points",
-                   tolerance=0.05, absolute=True, note=f"{spec.trainer.steps} steps, seed {spec.seed}")]  # fmt: skip
+                   tolerance=0.08, absolute=True, note=f"{spec.trainer.steps} steps, seed {spec.seed}")]  # fmt: skip
 
 
 def _overhead_case(params: dict[str, Any]) -> list[Figure]:
@@ -171,16 +185,19 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
         "reward": {"shapes": [(256, 1024)], "repeats": 10, "rounds": 3},
         "losses": {"tokens": 1 << 18, "repeats": 5, "rounds": 3},
-        "buffer": {"items": 60_000, "repeats": 3},
+        "buffer": {"items": 60_000, "repeats": 5},
         "overhead": {"overrides": _SHORT, "repeats": 1},
     },
     "full": {
         "reward": {"shapes": [(256, 1024), (64, 256)], "repeats": 20, "rounds": 3},
         "losses": {"tokens": 1 << 20, "repeats": 5, "rounds": 3},
-        "buffer": {"items": 200_000, "repeats": 3},
+        "buffer": {"items": 200_000, "repeats": 5},
         "pipeline": {"settings": ["latency", "hf"], "steps": 30, "repeats": 3},
         "overhead": {"overrides": ["trainer.steps=50", "orchestrator.eval_every=0"], "repeats": 3},
-        "learning": {"overrides": []},
+        # lagged k = 1: the quick start's staleness, made exact, so the figure is
+        # deterministic (in async mode which version within the bound a batch gets
+        # depends on thread timing).
+        "learning": {"overrides": ["orchestrator.mode=lagged", "orchestrator.lag=1"]},
     },
 }
 
@@ -272,11 +289,13 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 
 def write_baseline(path: Path, suite: str, figures: list[Figure], env: dict[str, Any]) -> None:
+    """Record ``figures`` for ``suite``; figures of cases not run this time are kept."""
     data = load_baseline(path)
-    data.setdefault("suites", {})[suite] = {
-        "environment": env,
-        "figures": {f.name: {"median": f.median, "min": f.min, "max": f.max, "better": f.better} for f in figures},
-    }
+    entry = data.setdefault("suites", {}).setdefault(suite, {"figures": {}})
+    entry["environment"] = env
+    entry["figures"].update(
+        {f.name: {"median": f.median, "min": f.min, "max": f.max, "better": f.better} for f in figures}
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -19,8 +19,8 @@ from rich.table import Table
 from pipelines.spec import ExperimentSpec, SpecError, load_spec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Asynchronous RL post-training experiments.")
-console = Console()
-errors = Console(stderr=True)
+console = Console() if Console().is_terminal else Console(width=140)  # logs: no 80-column cut
+errors = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 400)
 
 SpecArg = Annotated[Path, typer.Argument(help="Experiment YAML file.", show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable).")]
