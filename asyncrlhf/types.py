@@ -22,7 +22,7 @@ import torch
 
 from asyncrlhf._checks import check_float, check_integer, check_rank, check_tensor
 
-__all__ = ["Experience", "ExperienceBatch", "collate"]
+__all__ = ["Experience", "ExperienceBatch", "collate", "pad_rows"]
 
 
 @dataclass(slots=True, eq=False)
@@ -105,7 +105,12 @@ class ExperienceBatch:
         return ExperienceBatch(**moved)
 
 
-def _pad(rows: Sequence[torch.Tensor], value: float, left: bool) -> torch.Tensor:
+def pad_rows(rows: Sequence[torch.Tensor], value: float, left: bool = False) -> torch.Tensor:
+    """Stack 1-D tensors into a (B, max length) tensor, padding on the right (or left).
+
+    >>> pad_rows([torch.tensor([1, 2]), torch.tensor([3])], 0, left=True).tolist()
+    [[1, 2], [0, 3]]
+    """
     # pad_sequence only gained padding_side in recent torch; flipping keeps torch>=2.4.
     if left:
         rows = [r.flip(0) for r in rows]
@@ -143,11 +148,11 @@ def collate(
         raise ValueError("experiences must not be empty")
     if device is None:
         device = experiences[0].response_ids.device
-    prompts = _pad([e.prompt_ids for e in experiences], pad_token_id, left=True)  # (B, P)
-    responses = _pad([e.response_ids for e in experiences], pad_token_id, left=False)  # (B, R)
-    logprobs = _pad([e.logprobs.float() for e in experiences], 0.0, left=False)  # (B, R)
-    prompt_mask = _pad([torch.ones_like(e.prompt_ids) for e in experiences], 0, left=True)
-    response_mask = _pad([torch.ones_like(e.response_ids) for e in experiences], 0, left=False)
+    prompts = pad_rows([e.prompt_ids for e in experiences], pad_token_id, left=True)  # (B, P)
+    responses = pad_rows([e.response_ids for e in experiences], pad_token_id, left=False)  # (B, R)
+    logprobs = pad_rows([e.logprobs.float() for e in experiences], 0.0, left=False)  # (B, R)
+    prompt_mask = pad_rows([torch.ones_like(e.prompt_ids) for e in experiences], 0, left=True)
+    response_mask = pad_rows([torch.ones_like(e.response_ids) for e in experiences], 0, left=False)
 
     input_ids = torch.cat([prompts, responses], dim=1)  # (B, P + R)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # (B, P + R)

@@ -22,6 +22,7 @@ import torch
 from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import token_logprobs, weights_checksum
 from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
+from asyncrlhf.types import pad_rows
 
 __all__ = ["HFEngine"]
 
@@ -87,7 +88,8 @@ class HFEngine(EngineBase):
         """Sample ``num_samples`` completions per prompt, prompt-major."""
         check_generate_args(prompts, num_samples)
         rows = [p.to(self.device) for p in prompts for _ in range(num_samples)]
-        ids, attention = _left_pad(rows, self.pad_token_id)  # (N, P), (N, P)
+        ids = pad_rows(rows, self.pad_token_id, left=True)  # (N, P)
+        attention = pad_rows([torch.ones_like(r) for r in rows], 0, left=True)  # (N, P)
         positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
         n = ids.shape[0]
         tokens = torch.full((n, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
@@ -137,16 +139,6 @@ class HFEngine(EngineBase):
         token = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)  # (N,)
         # Scored on the (possibly truncated) distribution actually sampled from.
         return token, token_logprobs(scaled, token, 1.0)
-
-
-def _left_pad(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(r.shape[0] for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=rows[0].device)
-    attention = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - r.shape[0] :] = r
-        attention[i, width - r.shape[0] :] = 1
-    return ids, attention
 
 
 def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:

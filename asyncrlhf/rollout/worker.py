@@ -27,7 +27,7 @@ from asyncrlhf.buffers.base import ReplayBuffer
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.rollout.base import RolloutEngine
 from asyncrlhf.tasks.base import Problem
-from asyncrlhf.types import Experience
+from asyncrlhf.types import Experience, pad_rows
 
 __all__ = ["RolloutWorker", "WeightPolicy"]
 
@@ -148,7 +148,7 @@ class RolloutWorker:
 
         start = time.perf_counter()
         responses = [s.response_ids for s in samples]
-        ids = torch.nn.utils.rnn.pad_sequence(responses, batch_first=True, padding_value=self.pad_token_id)
+        ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)
         answers = [problems[s.prompt_index].answer_ids.to(ids.device) for s in samples]
         rewards = self.reward_fn(ids, answers, self.eos_token_id).tolist()  # one transfer per batch
         keys = [f"{self.name}:{next(self._prompt_counter)}" for _ in problems]  # unique group keys
