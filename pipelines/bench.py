@@ -388,7 +388,7 @@ def main(
     report = report_dict(suite, comparisons, env, suite_baseline.get("environment"))
     if report_path is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        report_path = REPO / "benchmarks" / "results" / f"bench-{suite}-{stamp}.json"
+        report_path = Path("mlflow") / "bench" / f"bench-{suite}-{stamp}.json"  # beside the tracking store
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report: {report_path}")
