@@ -6,7 +6,7 @@ repeated and reported as median [min – max]. The gate compares each figure wit
 committed baseline (``benchmarks/baseline.json``, which records the environment it was
 taken on); a figure worse than its tolerance fails the command, naming it.
 
-Suites: ``quick`` (about a minute, for tests and pre-merge checks) and ``full`` (the
+Suites: ``quick`` (about 20 s, for tests and pre-merge checks) and ``full`` (the
 nightly run: the issue-sized workloads, async-vs-sync, and the quick-start learning
 result).
 """

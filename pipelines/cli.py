@@ -120,7 +120,7 @@ def _summary(result) -> None:  # type: ignore[no-untyped-def]
 
 @app.command()
 def bench(
-    suite: Annotated[str, typer.Option(help="'full' (nightly, ~10 min) or 'quick' (~1 min).")] = "full",
+    suite: Annotated[str, typer.Option(help="'full' (nightly, ~3.5 min on 2 cores) or 'quick' (~20 s).")] = "full",
     baseline: Annotated[Path, typer.Option(help="Baseline file to gate against.")] = Path("benchmarks/baseline.json"),
     update_baseline: Annotated[bool, typer.Option("--update-baseline", help="Rewrite the baseline.")] = False,
     tolerance: Annotated[float, typer.Option(help="Allowed relative worsening for ratio figures.")] = 0.25,
