@@ -60,12 +60,18 @@ def test_bad_mode_and_threshold():
         compute_m2po_loss(lp, lp, torch.ones(1), m2_threshold=-1.0)
 
 
+# Log-ratios whose square falls below float64's normal range (|x| < 1e-154) are
+# squared to 0 by vectorised CPU kernels but not by Python; such tokens are on-policy
+# for every purpose, so the comparison uses exact zeros for them.
+log_ratios = st.floats(-2.0, 2.0, allow_nan=False).map(lambda x: 0.0 if abs(x) < 1e-100 else x)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.integers(1, 4).flatmap(
         lambda b: st.integers(1, 8).flatmap(
             lambda length: st.tuples(
-                st.lists(st.floats(-2.0, 2.0, allow_nan=False), min_size=b * length, max_size=b * length),
+                st.lists(log_ratios, min_size=b * length, max_size=b * length),
                 st.lists(st.booleans(), min_size=b * length, max_size=b * length),
                 st.just((b, length)),
             )
