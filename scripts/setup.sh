@@ -4,7 +4,7 @@
 # pyproject.toml is already satisfied and pip never pulls a multi-GB CUDA build.
 # On a GPU machine, install the torch build you want first and skip the pin:
 #   TORCH_SPEC=skip bash scripts/setup.sh
-# Elsewhere, choose the wheel: TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
+# Elsewhere, choose the wheel, pip options included: TORCH_SPEC="torch --index-url URL"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
