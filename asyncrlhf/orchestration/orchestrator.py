@@ -120,7 +120,6 @@ class Orchestrator:
         self.versions = VersionManager(initial=trainer.version)
         trainer.versions = self.versions
         bound = {"sync": 0, "async": self.max_staleness, "lagged": self.lag}[mode]
-        self.bound = bound
         self.buffer = GroupAwareReplayBuffer(
             group_size,
             max_groups=prompts_per_step * (bound + 2),

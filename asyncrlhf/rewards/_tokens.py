@@ -83,6 +83,8 @@ def as_padded_patterns(
             check_tensor(f"{name}[{i}]", pattern)
             check_rank(f"{name}[{i}]", pattern, 1)
             check_integer(f"{name}[{i}]", pattern)
+        # Valid items that cat still refused (e.g. spread over devices): move them first.
+        flat = torch.cat([p.to(device=device, dtype=torch.long) for p in patterns])
     # One concatenation and one scatter instead of B small pads: the list form is the
     # seed's, and per-row tensor ops would dominate the reward's cost.
     sizes = [pattern.shape[0] for pattern in patterns]

@@ -50,6 +50,11 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
 
+    def checksum(self) -> str:
+        """SHA-256 of the weights the engine holds (``models.weights_checksum``), so a
+        sync can be verified against the trainer's snapshot."""
+        ...
+
 
 class EngineBase:
     """What every engine shares: version bookkeeping and the async variant.

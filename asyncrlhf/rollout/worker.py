@@ -24,7 +24,6 @@ import torch
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.buffers.base import ReplayBuffer
-from asyncrlhf.models import weights_checksum
 from asyncrlhf.rollout.base import RolloutEngine
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience, pad_rows
@@ -130,7 +129,7 @@ class RolloutWorker:
         start = time.perf_counter()
         self.engine.load_weights(snapshot.weights, snapshot.version)
         if self.verify_sync:
-            held = self.engine.checksum() if hasattr(self.engine, "checksum") else weights_checksum(snapshot.weights)
+            held = self.engine.checksum()
             if held != snapshot.checksum:
                 raise RuntimeError(
                     f"{self.name}: weight checksum after sync {held[:12]} != trainer's {snapshot.checksum[:12]} "

@@ -128,3 +128,11 @@ def test_matches_python_reference(batch, algorithm):
             len(rows), width
         )
         assert tensor_native_reward(ids, padded, EOS).tolist() == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_patterns_spread_over_devices_are_moved_to_the_tokens_device():
+    ids = torch.tensor([[5, 6, 7, 2], [3, 4, 5, 6]], device="cuda")
+    patterns = [torch.tensor([6, 7]), torch.tensor([4, 5], device="cuda")]  # torch.cat refuses this mix
+    assert tensor_native_reward(ids, patterns, EOS).tolist() == [1.0, 1.0]
