@@ -8,6 +8,7 @@ exactly as an uninterrupted one would).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -157,12 +158,9 @@ class TrainerWorker:
         if not torch.isfinite(loss):
             return None
         loss.backward()
-        if self.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        else:
-            grad_norm = torch.linalg.vector_norm(
-                torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
-            )
+        # With an infinite max norm clip_grad_norm_ only measures: one call serves both.
+        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
