@@ -15,6 +15,7 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -138,19 +139,14 @@ class Tracker:
         last = len(history.steps)
         final += [Metric(k, float(v), now, last) for k, v in summary.items() if math.isfinite(v)]
         self.client.log_batch(self.run_id, metrics=final, synchronous=True)
-        artifacts = Path(os.environ.get("TMPDIR", "/tmp")) / f"asyncrlhf-{self.run_id}"
-        artifacts.mkdir(parents=True, exist_ok=True)
-        try:
+        with tempfile.TemporaryDirectory(prefix="asyncrlhf-") as tmp:
+            artifacts = Path(tmp)
             _write_history(history, artifacts)
             plot_curves(history, artifacts / "curves.png")
             plot_timeline(history, artifacts / "timeline.png")
             for path in sorted(artifacts.iterdir()):
                 folder = "plots" if path.suffix == ".png" else "history"
                 self.client.log_artifact(self.run_id, str(path), folder)
-        finally:
-            for path in artifacts.iterdir():
-                path.unlink()
-            artifacts.rmdir()
         self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", "finished")], synchronous=True)
         self.client.set_terminated(self.run_id, status="FINISHED")
         self.finish_seconds += time.perf_counter() - begin
