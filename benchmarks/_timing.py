@@ -21,6 +21,11 @@ class Timing:
         return f"{self.median * 1e3:9.3f} ms  [{self.min * 1e3:.3f} – {self.max * 1e3:.3f}]"
 
 
+def summarize(values: list[float]) -> dict[str, float]:
+    """Median, min and max of repeated figures."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def measure(
     fn: Callable[[], object], device: torch.device, repeats: int = 20, warmup: int = 2, budget_s: float = 10.0
 ) -> Timing:

@@ -21,6 +21,7 @@ import torch
 from asyncrlhf.buffers import BoundedReplayBuffer, GroupAwareReplayBuffer, VersionedReplayBuffer
 from asyncrlhf.orchestration import VersionManager
 from asyncrlhf.types import Experience
+from benchmarks._timing import summarize
 
 PRODUCERS, CONSUMERS = 4, 2
 
@@ -101,7 +102,7 @@ def run(items: int = 200_000, repeats: int = 3) -> dict[str, dict[str, float]]:
         for name in ratios:
             buffer, batch, flatten = factories[name]()
             ratios[name].append(_throughput(buffer, experiences, batch, flatten) / base)
-    return {name: {"median": sorted(v)[len(v) // 2], "min": min(v), "max": max(v)} for name, v in ratios.items()}
+    return {name: summarize(v) for name, v in ratios.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

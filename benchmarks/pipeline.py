@@ -38,6 +38,7 @@ from asyncrlhf.rewards import exact_match_reward
 from asyncrlhf.rollout import HFEngine, LatencyModelEngine
 from asyncrlhf.tasks import AdditionTask
 from asyncrlhf.training import TrainerWorker
+from benchmarks._timing import summarize
 
 TARGETS = {"latency": {"speedup": 1.8, "bubble_frac_trainer": 0.10}}
 
@@ -118,18 +119,15 @@ def run(
     finally:
         torch.set_num_threads(previous)
 
-    def summary(values: list[float]) -> dict[str, float]:
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
     results: dict[str, Any] = {
         "setting": setting, "steps": steps, "repeats": repeats, "samples_per_step": prompts * group,
         "threads": threads, "max_staleness": max_staleness,
     }  # fmt: skip
     for key in ("speedup", "ideal_speedup", "t_gen_s", "t_train_s", "t_train_async_s", "seconds_per_token"):
-        results[key] = summary([p[key] for p in pairs])
+        results[key] = summarize([p[key] for p in pairs])
     for mode in ("sync", "async"):
         results[mode] = {
-            key: summary([p[mode][key] for p in pairs])
+            key: summarize([p[mode][key] for p in pairs])
             for key in ("samples_per_s", "bubble_frac_rollout", "bubble_frac_trainer")
         }
     return results
