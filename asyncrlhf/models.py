@@ -35,6 +35,7 @@ __all__ = [
     "build_tiny_model",
     "cache_dir",
     "load_pretrained",
+    "load_tokenizer",
     "pretrained_policy",
     "token_logprobs",
     "warm_start",
@@ -202,18 +203,26 @@ def pretrained_policy(
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a local Hugging Face directory (never the hub)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"model path {directory} is not a Hugging Face model directory (no config.json)")
     hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    tokenizer = load_tokenizer(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a local Hugging Face directory, with a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
+    return tokenizer
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, pretrained_policy
+from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, load_tokenizer, pretrained_policy
 from asyncrlhf.orchestration import Orchestrator, RunHistory
 from asyncrlhf.rewards import CompositeReward, RewardTerm
 from asyncrlhf.rollout import HFEngine, VLLMEngine
@@ -72,53 +74,95 @@ def _policy_path(spec: ExperimentSpec) -> str:
     return str(pretrained_policy(tiny, warm))
 
 
-def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None) -> Orchestrator:
-    """Model, task, engine, reward, trainer and orchestrator, all from the spec."""
-    seed_everything(spec.seed)
-    if spec.runtime.torch_threads is not None:
-        torch.set_num_threads(spec.runtime.torch_threads)
-    device = _device(spec)
-    path = _policy_path(spec)
-    model, tokenizer = load_pretrained(path, device)
+def _task(spec: ExperimentSpec, tokenizer: Any) -> Any:
     if spec.task.kind == "addition":
-        task: Any = AdditionTask(tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size)
-    else:
-        task = JsonlTask(tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed)
-    reward = CompositeReward([RewardTerm(term.kind, term.weight) for term in spec.rewards])
+        return AdditionTask(tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size)
+    return JsonlTask(tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed)
+
+
+def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
     algo = spec.algorithm
     ref_model = copy.deepcopy(model) if algo.name == "grpo" and algo.kl_coef > 0 else None
-    trainer = TrainerWorker(
-        model,
-        tokenizer.pad_token_id,
-        algo.name,
-        algo.loss_options(),
-        lr=spec.trainer.lr,
-        weight_decay=spec.trainer.weight_decay,
-        grad_clip=spec.trainer.grad_clip,
-        temperature=spec.rollout.temperature,
-        ppo_epochs=spec.trainer.ppo_epochs,
-        mini_batches=spec.trainer.mini_batches,
-        ref_model=ref_model,
-        seed=spec.seed,
-    )
-    rollout = spec.rollout
+    return TrainerWorker(
+        model, tokenizer.pad_token_id, algo.name, algo.loss_options(), lr=spec.trainer.lr,
+        weight_decay=spec.trainer.weight_decay, grad_clip=spec.trainer.grad_clip,
+        temperature=spec.rollout.temperature, ppo_epochs=spec.trainer.ppo_epochs,
+        mini_batches=spec.trainer.mini_batches, ref_model=ref_model, seed=spec.seed,
+    )  # fmt: skip
+
+
+def _engine(
+    spec: ExperimentSpec, model: Any, tokenizer: Any, path: str, device: str, worker: int = 0, copy_model: bool = True
+) -> Any:
+    """The rollout engine; HF engines copy ``model`` unless told it is theirs alone."""
+    rollout, seed = spec.rollout, spec.seed + 1 + worker  # each worker its own sampling stream
     if rollout.engine == "vllm":
-        engine: Any = VLLMEngine(
-            path, rollout.max_new_tokens, rollout.temperature, rollout.top_p, seed=spec.seed + 1
-        )  # fmt: skip
-    else:
-        engine = HFEngine(
-            model, tokenizer.eos_token_id, tokenizer.pad_token_id, rollout.max_new_tokens,
-            rollout.temperature, rollout.top_p, seed=spec.seed + 1, device=device,
-        )  # fmt: skip
-    orch = spec.orchestrator
-    return Orchestrator(
-        engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
+        return VLLMEngine(path, rollout.max_new_tokens, rollout.temperature, rollout.top_p, seed=seed)
+    return HFEngine(
+        model, tokenizer.eos_token_id, tokenizer.pad_token_id, rollout.max_new_tokens, rollout.temperature,
+        rollout.top_p, seed=seed, device=device, copy=copy_model,
+    )  # fmt: skip
+
+
+def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None) -> Any:
+    """Model, task, engine, reward, trainer and orchestrator, all from the spec.
+
+    ``runtime.kind: local`` gives an :class:`Orchestrator` (threads in this process);
+    ``ray`` gives a :class:`~asyncrlhf.distributed.RayOrchestrator`, whose actors build
+    their own engine and trainer from the same spec (Ray must be initialised).
+    """
+    seed_everything(spec.seed)
+    if spec.runtime.torch_threads is not None and spec.runtime.kind == "local":
+        torch.set_num_threads(spec.runtime.torch_threads)
+    path = _policy_path(spec)
+    reward = CompositeReward([RewardTerm(term.kind, term.weight) for term in spec.rewards])
+    orch, rollout = spec.orchestrator, spec.rollout
+    common = dict(
         mode=orch.mode, group_size=rollout.group_size, prompts_per_step=spec.prompts_per_step,
         max_staleness=spec.buffer.max_staleness, sync_every=orch.sync_every, lag=orch.lag or 0,
-        eval_problems=task.eval_problems(), eval_every=orch.eval_every,
-        scale_advantages=algo.scale_advantages, on_metrics=on_metrics, timeout_s=orch.timeout_s,
+        eval_every=orch.eval_every, scale_advantages=spec.algorithm.scale_advantages, on_metrics=on_metrics,
+        timeout_s=orch.timeout_s,
     )  # fmt: skip
+    if spec.runtime.kind == "ray":
+        from asyncrlhf.distributed import ActorResources, RayOrchestrator
+
+        tokenizer = load_tokenizer(path)
+        task = _task(spec, tokenizer)
+        runtime = spec.runtime
+        return RayOrchestrator(
+            functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
+            task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            eval_problems=task.eval_problems(), max_new_tokens=rollout.max_new_tokens, workers=rollout.workers,
+            rollout_resources=ActorResources(runtime.rollout.num_cpus, runtime.rollout.num_gpus, runtime.torch_threads),
+            trainer_resources=ActorResources(runtime.trainer.num_cpus, runtime.trainer.num_gpus, runtime.torch_threads),
+            max_restarts=runtime.max_restarts, **common,
+        )  # fmt: skip
+    device = _device(spec)
+    model, tokenizer = load_pretrained(path, device)
+    task = _task(spec, tokenizer)
+    trainer = _trainer(spec, model, tokenizer)
+    engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
+    return Orchestrator(
+        engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
+        eval_problems=task.eval_problems(), **common,
+    )  # fmt: skip
+
+
+def _actor_engine(spec: ExperimentSpec, path: str, worker: int) -> Any:
+    """Inside a rollout actor: its own model (vLLM loads the path itself)."""
+    seed_everything(spec.seed + 1 + worker)
+    device = _device(spec)
+    if spec.rollout.engine == "vllm":
+        return _engine(spec, None, None, path, device, worker)
+    model, tokenizer = load_pretrained(path, device)
+    return _engine(spec, model, tokenizer, path, device, worker, copy_model=False)
+
+
+def _actor_trainer(spec: ExperimentSpec, path: str) -> TrainerWorker:
+    """Inside the trainer actor."""
+    seed_everything(spec.seed)
+    model, tokenizer = load_pretrained(path, _device(spec))
+    return _trainer(spec, model, tokenizer)
 
 
 def run_experiment(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None, track: bool = True) -> RunResult:
@@ -137,22 +181,30 @@ def run_experiment(spec: ExperimentSpec, on_metrics: MetricsCallback | None = No
         for callback in callbacks:
             callback(step, metrics)
 
-    orchestrator = build_orchestrator(spec, on_metrics=fan_out)
-    run_id = tracker.start(spec) if tracker else None
-    try:
-        start = time.perf_counter()
-        history = orchestrator.run(spec.trainer.steps)
-        wall = time.perf_counter() - start
-        # Per-step tracking cost as a share of the run (the < 5% budget); the one-off
-        # cost of plots and artifacts at the end is reported separately.
-        extra = {"perf/tracking_frac": tracker.step_seconds / wall} if tracker else {}
-        if tracker:
-            tracker.finish(history, extra)
-            extra["time/tracking_finish_s"] = tracker.finish_seconds
-    except BaseException as error:
-        if tracker:
-            tracker.fail(error)
-        raise
+    with contextlib.ExitStack() as stack:
+        if spec.runtime.kind == "ray":
+            from asyncrlhf.distributed import ray_runtime
+
+            runtime = spec.runtime
+            stack.enter_context(ray_runtime(runtime.address, runtime.num_cpus, runtime.num_gpus))
+        orchestrator = build_orchestrator(spec, on_metrics=fan_out)
+        if spec.runtime.kind == "ray":
+            stack.callback(orchestrator.shutdown)
+        run_id = tracker.start(spec) if tracker else None
+        try:
+            start = time.perf_counter()
+            history = orchestrator.run(spec.trainer.steps)
+            wall = time.perf_counter() - start
+            # Per-step tracking cost as a share of the run (the < 5% budget); the one-off
+            # cost of plots and artifacts at the end is reported separately.
+            extra = {"perf/tracking_frac": tracker.step_seconds / wall} if tracker else {}
+            if tracker:
+                tracker.finish(history, extra)
+                extra["time/tracking_finish_s"] = tracker.finish_seconds
+        except BaseException as error:
+            if tracker:
+                tracker.fail(error)
+            raise
     final = history.final()
     final.update(extra)
     return RunResult(run_id, final, history, tracker.uri if tracker else None)

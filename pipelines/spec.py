@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "ActorSpec",
     "AlgorithmSpec",
     "BufferSpec",
     "ExperimentSpec",
@@ -101,7 +102,7 @@ class RolloutSpec(_Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer recomputes at it).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass; < 1 makes the behaviour policy differ.")
     max_new_tokens: int = Field(5, ge=1, description="Response length cap.")
-    workers: int = Field(1, ge=1, description="Rollout workers (the local runtime runs one).")
+    workers: int = Field(1, ge=1, description="Rollout workers (more than one needs runtime.kind 'ray').")
 
 
 class RewardTermSpec(_Section):
@@ -164,9 +165,34 @@ class OrchestratorSpec(_Section):
     timeout_s: float = Field(600.0, gt=0, description="Longest any wait may last before the run fails.")
 
 
+class ActorSpec(_Section):
+    num_cpus: float = Field(1.0, gt=0, description="CPUs the actor reserves (fractions allowed).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs the actor reserves (fractions allowed).")
+
+
 class RuntimeSpec(_Section):
-    kind: Literal["local"] = Field("local", description="Where the run executes: in this process.")
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads (null: torch's default).")
+    kind: Literal["local", "ray"] = Field(
+        "local", description="'local': threads in this process; 'ray': rollout workers and trainer as Ray actors."
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (local: the process; ray: each actor, default its num_cpus)."
+    )
+    address: str | None = Field(
+        None, description="ray: cluster to join ('auto', 'ray://head:10001'); null: start a local cluster."
+    )
+    num_cpus: int = Field(2, ge=1, description="ray: CPUs of the local cluster started when address is null.")
+    num_gpus: int | None = Field(None, ge=0, description="ray: GPUs of that local cluster (null: detect).")
+    rollout: ActorSpec = Field(
+        default_factory=lambda: ActorSpec(num_cpus=0.5), description="ray: resources of each rollout actor."
+    )
+    trainer: ActorSpec = Field(default_factory=ActorSpec, description="ray: resources of the trainer actor.")
+    max_restarts: int = Field(3, ge=0, description="ray: restarts allowed per rollout actor before it is dropped.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RuntimeSpec:
+        if self.kind == "local" and self.address is not None:
+            raise ValueError(f"address {self.address!r} is only used with kind 'ray'")
+        return self
 
 
 class TrackingSpec(_Section):
@@ -219,6 +245,17 @@ class ExperimentSpec(_Section):
                 f"orchestrator.sync_every={orch.sync_every} > buffer.max_staleness + 1 = "
                 f"{self.buffer.max_staleness + 1}: the rollout worker could never get fresh enough weights"
             )
+        runtime, workers = self.runtime, self.rollout.workers
+        if runtime.kind == "local" and workers > 1:
+            raise ValueError(f"rollout.workers={workers} needs runtime.kind 'ray' (the local runtime runs one)")
+        if runtime.kind == "ray" and runtime.address is None:
+            need = workers * runtime.rollout.num_cpus + runtime.trainer.num_cpus
+            if need > runtime.num_cpus:
+                raise ValueError(
+                    f"rollout.workers={workers} × runtime.rollout.num_cpus={runtime.rollout.num_cpus:g} + "
+                    f"runtime.trainer.num_cpus={runtime.trainer.num_cpus:g} = {need:g} exceeds the local cluster's "
+                    f"runtime.num_cpus={runtime.num_cpus}"
+                )
         if self.rollout.engine == "vllm" and self.model.kind != "pretrained":
             raise ValueError("rollout.engine 'vllm' needs model.kind 'pretrained' (a directory vLLM can load)")
         return self

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from asyncrlhf.rewards import exact_match_reward
 from asyncrlhf.rollout.base import RolloutEngine
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import pad_rows
 
-__all__ = ["evaluate_accuracy"]
+__all__ = ["evaluate_accuracy", "greedy_engine"]
 
 
 def evaluate_accuracy(
@@ -24,3 +25,10 @@ def evaluate_accuracy(
         answers = [p.answer_ids.to(ids.device) for p in chunk]
         hits += float(exact_match_reward(ids, answers, eos_token_id).sum())
     return hits / max(len(problems), 1)
+
+
+def greedy_engine(model: Any, eos_token_id: int, pad_token_id: int, max_new_tokens: int) -> RolloutEngine:
+    """A greedy engine that shares ``model`` (no copy): evaluates the live policy."""
+    from asyncrlhf.rollout.hf import HFEngine
+
+    return HFEngine(model, eos_token_id, pad_token_id, max_new_tokens=max_new_tokens, temperature=0.0, copy=False)

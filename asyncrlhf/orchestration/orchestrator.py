@@ -29,7 +29,7 @@ import torch
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.buffers import GroupAwareReplayBuffer
-from asyncrlhf.orchestration.evaluate import evaluate_accuracy
+from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.orchestration.weights import WeightStore, WeightStoreClosed
@@ -39,11 +39,30 @@ from asyncrlhf.tasks.base import Problem
 from asyncrlhf.training.trainer import TrainerWorker
 from asyncrlhf.types import Experience
 
-__all__ = ["MODES", "Orchestrator"]
+__all__ = ["MODES", "Orchestrator", "train_on"]
 
 MODES = ("sync", "async", "lagged")
 Mode = Literal["sync", "async", "lagged"]
 MetricsCallback = Callable[[int, dict[str, float]], None]
+
+
+def train_on(trainer: TrainerWorker, experiences: list[Experience], buffer: Any) -> tuple[dict[str, float], list[int]]:
+    """One trainer step on ``experiences``; returns the step's metrics (the trainer's,
+    plus reward, staleness and ``buffer``'s state) and the staleness of every experience."""
+    version = trainer.version
+    staleness = [version - e.policy_version for e in experiences]
+    metrics = trainer.step(experiences)
+    stats = buffer.stats()
+    metrics.update(
+        {
+            "reward/mean": sum(e.reward for e in experiences) / len(experiences),
+            "staleness/mean": sum(staleness) / len(staleness),
+            "staleness/max": float(max(staleness)),
+            "buffer/size": float(stats["size"]),
+            "buffer/evicted_stale": float(stats["evicted_stale"]),
+        }
+    )
+    return metrics, staleness
 
 
 class Orchestrator:
@@ -204,25 +223,16 @@ class Orchestrator:
         waited = time.perf_counter()
         self._record("trainer", "wait", start, waited)
         experiences = [e for group in groups for e in group]
-        version = self.trainer.version
-        staleness = [version - e.policy_version for e in experiences]
-        metrics = self.trainer.step(experiences)
+        metrics, staleness = train_on(self.trainer, experiences, self.buffer)
         self._record("trainer", "train", waited, time.perf_counter())
         if self.mode != "async" or self.trainer.version % self.sync_every == 0:
             self._publish()
         self._trained_samples += len(experiences)
 
-        rewards = torch.tensor([e.reward for e in experiences])
-        stats = self.buffer.stats()
         now = time.perf_counter()
         metrics.update(
             {
                 "step": float(step + 1),
-                "reward/mean": float(rewards.mean()),
-                "staleness/mean": sum(staleness) / len(staleness),
-                "staleness/max": float(max(staleness)),
-                "buffer/size": float(stats["size"]),
-                "buffer/evicted_stale": float(stats["evicted_stale"]),
                 "perf/samples_per_s": self._trained_samples / (now - self._t0),
                 "perf/gen_tokens_per_s": self.worker.generated_tokens / (now - self._t0),
                 "time/step_s": now - start,
@@ -257,13 +267,8 @@ class Orchestrator:
         if not self.eval_problems:
             return float("nan")
         if self.eval_engine is None:
-            from asyncrlhf.rollout.hf import HFEngine
-
             max_new = getattr(self.engine, "max_new_tokens", 16)
-            self.eval_engine = HFEngine(
-                self.trainer.model, self.eos_token_id, self.pad_token_id, max_new_tokens=max_new,
-                temperature=0.0, copy=False,
-            )  # fmt: skip
+            self.eval_engine = greedy_engine(self.trainer.model, self.eos_token_id, self.pad_token_id, max_new)
         start = time.perf_counter()
         accuracy = evaluate_accuracy(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id)
         self._record("trainer", "eval", start, time.perf_counter())

@@ -126,21 +126,35 @@ class RolloutWorker:
         self._event("wait", start)
         if not force and snapshot.version == self.engine.version:
             return
+        self.load_snapshot(snapshot)
+
+    def load_snapshot(self, snapshot: Any) -> str:
+        """Load a published snapshot (``.version``, ``.weights``, ``.checksum``) into the
+        engine and, with ``verify_sync``, check the engine's checksum against it.
+
+        Returns the checksum the engine holds after the load.
+        """
         start = time.perf_counter()
         self.engine.load_weights(snapshot.weights, snapshot.version)
-        if self.verify_sync:
-            held = self.engine.checksum()
-            if held != snapshot.checksum:
-                raise RuntimeError(
-                    f"{self.name}: weight checksum after sync {held[:12]} != trainer's {snapshot.checksum[:12]} "
-                    f"at version {snapshot.version}"
-                )
+        held = self.engine.checksum() if self.verify_sync else snapshot.checksum
+        if held != snapshot.checksum:
+            raise RuntimeError(
+                f"{self.name}: weight checksum after sync {held[:12]} != trainer's {snapshot.checksum[:12]} "
+                f"at version {snapshot.version}"
+            )
         self.weight_loads += 1
         self._event("load_weights", start)
+        return held
 
-    def generate_batch(self) -> list[Experience]:
-        """One batch: ``prompts_per_batch`` × ``group_size`` rewarded experiences."""
-        problems = [next(self.problems) for _ in range(self.prompts_per_batch)]
+    def generate_batch(self, problems: list[Problem] | None = None, key_prefix: str | None = None) -> list[Experience]:
+        """One batch: ``group_size`` rewarded experiences for each problem.
+
+        ``problems`` defaults to the next ``prompts_per_batch`` of the worker's stream.
+        Group keys are ``{key_prefix}:{i}``; by default the worker's name and a running
+        count, which are unique within the worker.
+        """
+        if problems is None:
+            problems = [next(self.problems) for _ in range(self.prompts_per_batch)]
         start = time.perf_counter()
         samples = self.engine.generate([p.prompt_ids for p in problems], self.group_size)
         self._event("generate", start)
@@ -150,7 +164,10 @@ class RolloutWorker:
         ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)
         answers = [problems[s.prompt_index].answer_ids.to(ids.device) for s in samples]
         rewards = self.reward_fn(ids, answers, self.eos_token_id).tolist()  # one transfer per batch
-        keys = [f"{self.name}:{next(self._prompt_counter)}" for _ in problems]  # unique group keys
+        if key_prefix is None:
+            keys = [f"{self.name}:{next(self._prompt_counter)}" for _ in problems]  # unique group keys
+        else:
+            keys = [f"{key_prefix}:{i}" for i in range(len(problems))]
         experiences = [
             Experience(
                 prompt_ids=s.prompt_ids,

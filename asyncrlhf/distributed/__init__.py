@@ -1,0 +1,11 @@
+"""Scale-out on Ray: rollout workers and the trainer as actors.
+
+The only part of the core that imports ``ray``; nothing else imports this package, so
+``import asyncrlhf`` works without Ray installed.
+"""
+
+from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
+from asyncrlhf.distributed.orchestrator import ActorResources, RayOrchestrator, SyncRecord
+from asyncrlhf.distributed.runtime import ray_runtime
+
+__all__ = ["ActorResources", "RayOrchestrator", "RolloutActor", "SyncRecord", "TrainerActor", "ray_runtime"]

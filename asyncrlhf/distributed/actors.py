@@ -1,0 +1,214 @@
+"""The Ray actors: rollout workers and the trainer, each in its own process.
+
+Both are plain classes built from picklable factories (so the core never learns how a
+spec becomes a model); :mod:`asyncrlhf.distributed.orchestrator` wraps them with
+``ray.remote`` and the resources a spec asks for.
+
+* :class:`RolloutActor` owns an engine. Each call generates one chunk of a batch with
+  the weights version it is told to use: when that version is not the one it holds, it
+  fetches the published object (one ``ray.put`` by the trainer, shared by every
+  rollout actor), loads it and verifies the checksum.
+* :class:`TrainerActor` owns the trainer, the replay buffer every rollout actor feeds,
+  and the held-out evaluation. Each training call takes the chunks of one batch, pushes
+  them through the version-aware buffer, trains, and publishes new weights once when
+  due.
+
+Times are wall-clock (``time.time()``) so that events from different processes line up
+on one timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from asyncrlhf.buffers import GroupAwareReplayBuffer
+from asyncrlhf.models import weights_checksum
+from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
+from asyncrlhf.orchestration.orchestrator import train_on
+from asyncrlhf.orchestration.version import VersionManager
+from asyncrlhf.orchestration.weights import Snapshot
+from asyncrlhf.rollout.worker import RolloutWorker
+from asyncrlhf.tasks.base import Problem
+from asyncrlhf.types import Experience
+
+__all__ = ["RolloutActor", "TrainerActor"]
+
+Event = tuple[str, str, float, float]  # (worker, phase, start, end), wall-clock seconds
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+class RolloutActor:
+    """One rollout worker process.
+
+    Args:
+        name: the worker's name on the timeline (``rollout-<i>``).
+        engine_factory: builds the engine (its model loaded from a path all nodes see).
+        reward_fn: ``fn(generated_ids, answers, eos_token_id) -> Tensor[B]``.
+        group_size: completions per prompt.
+        eos_token_id, pad_token_id: of the tokenizer.
+        torch_threads: intra-op threads of this process.
+        verify_sync: check the engine's checksum after every load.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        engine_factory: Callable[[], Any],
+        reward_fn: Callable[..., torch.Tensor],
+        group_size: int,
+        eos_token_id: int,
+        pad_token_id: int,
+        torch_threads: int | None = None,
+        verify_sync: bool = True,
+    ) -> None:
+        _set_threads(torch_threads)
+        self.name = name
+        self.events: list[Event] = []
+        self.worker = RolloutWorker(
+            engine_factory(), iter(()), reward_fn, buffer=None, group_size=group_size,  # type: ignore[arg-type]
+            prompts_per_batch=1, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+            verify_sync=verify_sync, name=name, on_event=self._event,
+        )  # fmt: skip
+        # A fresh (or restarted) process holds the engine's initial weights, whatever
+        # version they claim: the first chunk always loads and verifies.
+        self.loaded: int | None = None
+        self.checksum: str | None = None
+
+    def _event(self, worker: str, phase: str, start: float, end: float) -> None:
+        # RolloutWorker reports perf_counter times; convert them to wall-clock.
+        shift = time.time() - time.perf_counter()
+        self.events.append((worker, phase, start + shift, end + shift))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def rollout(
+        self, key: str, problems: list[Problem], version: int, weights: list[Any], checksum: str
+    ) -> tuple[dict[str, Any], list[Experience]]:
+        """Generate ``problems`` × G experiences with exactly ``version``'s weights.
+
+        ``weights`` is ``[ObjectRef]`` (a list, so Ray does not fetch the object unless
+        this actor needs to load it). Returns ``(meta, experiences)``; the driver reads
+        the small ``meta`` and hands ``experiences`` to the trainer by reference.
+        """
+        import ray
+
+        self.events = []
+        if self.loaded != version:
+            start = time.time()
+            state = ray.get(weights[0])
+            self.events.append((self.name, "wait", start, time.time()))
+            self.checksum = self.worker.load_snapshot(Snapshot(version, state, checksum))
+            self.loaded = version
+        experiences = self.worker.generate_batch(problems, key_prefix=key)
+        meta = {
+            "worker": self.name,
+            "pid": os.getpid(),
+            "version": version,
+            "checksum": self.checksum,
+            "tokens": sum(e.response_ids.shape[0] for e in experiences),
+            "events": self.events,
+        }
+        return meta, experiences
+
+
+class TrainerActor:
+    """The trainer process: trainer, replay buffer, weight publication, evaluation.
+
+    Args:
+        trainer_factory: builds the :class:`~asyncrlhf.training.TrainerWorker`.
+        group_size, prompts_per_step: G and the groups of one trainer step.
+        bound: the staleness bound the buffer enforces (0 in sync, k in lagged).
+        publish_every: publish weights after every this many steps (async's ``sync_every``).
+        eval_problems, eval_every, max_new_tokens: held-out greedy evaluation.
+        eos_token_id, pad_token_id: of the tokenizer.
+        scale_advantages: GRPO's std scaling.
+        torch_threads: intra-op threads of this process.
+    """
+
+    def __init__(
+        self,
+        trainer_factory: Callable[[], Any],
+        group_size: int,
+        prompts_per_step: int,
+        bound: int,
+        publish_every: int,
+        eval_problems: list[Problem],
+        eval_every: int,
+        max_new_tokens: int,
+        eos_token_id: int,
+        pad_token_id: int,
+        scale_advantages: bool = True,
+        torch_threads: int | None = None,
+    ) -> None:
+        _set_threads(torch_threads)
+        self.trainer = trainer_factory()
+        self.versions = VersionManager(initial=self.trainer.version)
+        self.trainer.versions = self.versions
+        self.prompts_per_step = prompts_per_step
+        self.publish_every = publish_every
+        self.buffer = GroupAwareReplayBuffer(
+            group_size, max_groups=prompts_per_step * (bound + 2), max_staleness=bound, version=self.versions,
+            scale_advantages=scale_advantages,
+        )  # fmt: skip
+        self.eval_problems = eval_problems
+        self.eval_every = eval_every
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.eval_engine = greedy_engine(self.trainer.model, eos_token_id, pad_token_id, max_new_tokens)
+
+    def publish(self) -> tuple[int, str, list[Any]]:
+        """Put the current weights in the object store once: ``(version, checksum, [ref])``."""
+        import ray
+
+        state = self.trainer.state_dict()
+        return self.trainer.version, weights_checksum(state), [ray.put(state)]
+
+    def evaluate(self) -> float:
+        if not self.eval_problems:
+            return float("nan")
+        return evaluate_accuracy(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id)
+
+    def train(self, step: int, *chunks: list[Experience]) -> dict[str, Any]:
+        """Train on one batch (its chunks, in order); publish and evaluate when due."""
+        start = time.time()
+        pushed = [self.buffer.push(e) for chunk in chunks for e in chunk]
+        groups = self.buffer.sample(self.prompts_per_step)
+        if not all(pushed) or len(groups) != self.prompts_per_step:
+            raise RuntimeError(
+                f"step {step}: the buffer refused {pushed.count(False)} experiences or returned {len(groups)} of "
+                f"{self.prompts_per_step} groups: data outside the staleness bound reached the trainer"
+            )
+        experiences = [e for group in groups for e in group]
+        metrics, staleness = train_on(self.trainer, experiences, self.buffer)
+        events: list[Event] = [("trainer", "train", start, time.time())]
+        published = None
+        if self.trainer.version % self.publish_every == 0:
+            begin = time.time()
+            published = self.publish()
+            events.append(("trainer", "publish", begin, time.time()))
+        if self.eval_every and (step + 1) % self.eval_every == 0:
+            begin = time.time()
+            metrics["eval/accuracy"] = self.evaluate()
+            events.append(("trainer", "eval", begin, time.time()))
+        return {
+            "metrics": metrics,
+            "staleness": staleness,
+            "published": published,
+            "events": events,
+            "samples": len(experiences),
+        }
+
+    def buffer_stats(self) -> dict[str, int]:
+        return self.buffer.stats()
+
+    def checksum(self) -> str:
+        return self.trainer.checksum()

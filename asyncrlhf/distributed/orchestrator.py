@@ -1,0 +1,387 @@
+"""The Ray orchestrator: N rollout actors and one trainer actor, driven from the driver.
+
+The driver owns the schedule, never the data. Each trainer batch is split into one
+chunk per rollout worker; an idle worker takes the next chunk as soon as the weights
+that chunk may use are published (the same :class:`~asyncrlhf.rollout.WeightPolicy`
+as the local modes: exactly version n − k in ``sync``/``lagged``, the newest version
+≥ n − max_staleness in ``async``). Experiences go from the rollout actor to the
+trainer actor by object reference; the driver only reads each chunk's small metadata
+(version used, checksum held, timeline). When every chunk of batch n is in, the
+trainer pushes them through its version-aware buffer and trains; staleness is
+bounded by construction, and the buffer would refuse anything outside the bound.
+
+Weights: after a step that is due to publish, the trainer puts its weights in the
+object store once; every rollout actor that needs that version fetches the same
+object, loads it and verifies the checksum, and the driver checks that each chunk was
+generated with a checksum equal to the trainer's at that version.
+
+Faults: rollout actors restart (``max_restarts``). A chunk lost with its actor goes
+back to the head of the queue with the same prompts, so nothing is skipped or
+counted twice; each restart is a timeline event and the ``faults/rollout_restarts``
+metric. A restart while the actor was idle is caught by its new process id.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
+from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
+from asyncrlhf.orchestration.orchestrator import MODES
+from asyncrlhf.rollout.worker import WeightPolicy
+from asyncrlhf.tasks.base import Problem
+
+__all__ = ["ActorResources", "RayOrchestrator", "SyncRecord"]
+
+MetricsCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    """What one actor reserves on the cluster; ``torch_threads`` defaults to its CPUs."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    torch_threads: int | None = None
+
+    def threads(self) -> int:
+        return self.torch_threads or max(1, int(self.num_cpus))
+
+
+@dataclass(frozen=True)
+class SyncRecord:
+    """One chunk's weights: which worker generated it with which version and checksum."""
+
+    worker: str
+    batch: int
+    version: int
+    checksum: str
+    trainer_checksum: str
+
+
+@dataclass
+class _Chunk:
+    batch: int
+    index: int
+    problems: list[Problem]
+    attempts: int = 0
+
+
+@dataclass
+class _Worker:
+    index: int
+    handle: Any
+    pid: int | None = None
+    failures: int = 0
+    lost_pid: bool = False  # a failure was seen; the next pid change is that restart
+    alive: bool = True
+    chunks: int = 0
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = f"rollout-{self.index}"
+
+
+class RayOrchestrator:
+    """Runs one experiment on a Ray cluster (``ray.init`` must have been called).
+
+    Args:
+        engine_factory: ``fn(worker_index) -> engine``, called inside each rollout actor.
+        trainer_factory: ``fn() -> TrainerWorker``, called inside the trainer actor.
+        problems: training problems (drawn by the driver, sent with each chunk).
+        reward_fn, eos_token_id, pad_token_id: as for the local orchestrator.
+        mode, group_size, prompts_per_step, max_staleness, sync_every, lag, eval_every,
+            scale_advantages, verify_sync, on_metrics, timeout_s: as for the local
+            :class:`~asyncrlhf.orchestration.Orchestrator`.
+        eval_problems: held-out problems, evaluated greedily in the trainer actor.
+        max_new_tokens: response cap of the greedy evaluation.
+        workers: number of rollout actors.
+        rollout_resources, trainer_resources: per-actor CPUs, GPUs, torch threads.
+        max_restarts: how often each rollout actor may be restarted.
+    """
+
+    def __init__(
+        self,
+        engine_factory: Callable[[int], Any],
+        trainer_factory: Callable[[], Any],
+        problems: Iterator[Problem],
+        reward_fn: Callable[..., Any],
+        eos_token_id: int,
+        pad_token_id: int,
+        mode: str = "async",
+        group_size: int = 8,
+        prompts_per_step: int = 16,
+        max_staleness: int = 1,
+        sync_every: int = 1,
+        lag: int = 0,
+        eval_problems: list[Problem] | None = None,
+        eval_every: int = 0,
+        max_new_tokens: int = 16,
+        scale_advantages: bool = True,
+        verify_sync: bool = True,
+        on_metrics: MetricsCallback | None = None,
+        timeout_s: float = 600.0,
+        workers: int = 2,
+        rollout_resources: ActorResources = ActorResources(),
+        trainer_resources: ActorResources = ActorResources(),
+        max_restarts: int = 3,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not ray.is_initialized():
+            raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
+        self.mode = mode
+        self.group_size = check_positive_int("group_size", group_size)
+        self.prompts_per_step = check_positive_int("prompts_per_step", prompts_per_step)
+        self.max_staleness = check_nonnegative_int("max_staleness", max_staleness)
+        self.sync_every = check_positive_int("sync_every", sync_every)
+        self.lag = check_nonnegative_int("lag", lag)
+        self.eval_every = check_nonnegative_int("eval_every", eval_every)
+        self.num_workers = check_positive_int("workers", workers)
+        self.max_restarts = check_nonnegative_int("max_restarts", max_restarts)
+        if mode == "async" and self.sync_every > self.max_staleness + 1:
+            raise ValueError(
+                f"sync_every={sync_every} > max_staleness + 1 = {max_staleness + 1}: the rollout workers "
+                "could never get weights fresh enough for the next batch"
+            )
+        _check_capacity(workers, rollout_resources, trainer_resources)
+        self.problems = problems
+        self.on_metrics = on_metrics
+        self.timeout_s = timeout_s
+        self.verify_sync = verify_sync
+        if mode == "async":
+            self.policy = WeightPolicy("bounded", max_staleness=self.max_staleness)
+        else:
+            self.policy = WeightPolicy("exact", lag=self.lag if mode == "lagged" else 0)
+        bound = {"sync": 0, "async": self.max_staleness, "lagged": self.lag}[mode]
+        self._keep = bound + 2  # published versions a queued chunk may still need
+
+        trainer_cls = ray.remote(max_restarts=0)(TrainerActor)
+        self.trainer = trainer_cls.options(
+            num_cpus=trainer_resources.num_cpus, num_gpus=trainer_resources.num_gpus, name=None
+        ).remote(
+            trainer_factory, group_size, prompts_per_step, bound, self.sync_every if mode == "async" else 1,
+            eval_problems or [], eval_every, max_new_tokens, eos_token_id, pad_token_id, scale_advantages,
+            trainer_resources.threads(),
+        )  # fmt: skip
+        rollout_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0)(RolloutActor)
+        self.workers = [_Worker(i, None) for i in range(self.num_workers)]
+        for worker in self.workers:
+            worker.handle = rollout_cls.options(
+                num_cpus=rollout_resources.num_cpus, num_gpus=rollout_resources.num_gpus
+            ).remote(
+                worker.name, _Bound(engine_factory, worker.index), reward_fn, group_size, eos_token_id,
+                pad_token_id, rollout_resources.threads(), verify_sync,
+            )  # fmt: skip
+        self.rollout_actors = [w.handle for w in self.workers]
+        self.sync_log: list[SyncRecord] = []
+        self.trainer_checksums: dict[int, str] = {}
+        self.restarts = 0
+        self._published: OrderedDict[int, tuple[str, list[Any]]] = OrderedDict()
+        self._events: list[TimelineEvent] = []
+
+    # ------------------------------------------------------------------ run
+    def run(self, num_steps: int) -> RunHistory:
+        """Train for ``num_steps`` trainer steps; returns the run's history."""
+        check_positive_int("num_steps", num_steps)
+        history = RunHistory(mode=self.mode)
+        self._t0 = time.time()
+        self._add_published(self._get(self.trainer.publish.remote()))
+        for worker in self.workers:
+            worker.pid = self._get(worker.handle.pid.remote())
+        if self.eval_every:
+            history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
+
+        sizes = _split(self.prompts_per_step, self.num_workers)
+        queue: deque[_Chunk] = deque()
+        enqueued = 0
+        done: dict[int, dict[int, Any]] = defaultdict(dict)
+        inflight: dict[Any, tuple[_Worker, _Chunk, Any]] = {}
+        idle: deque[_Worker] = deque(self.workers)
+        train_ref = None
+        next_train = 0
+        samples = tokens = 0
+        last = time.time()
+        while next_train < num_steps:
+            # Hand chunks to idle workers, in order, as far as published weights allow.
+            while idle:
+                if not queue and enqueued < num_steps:
+                    queue.extend(_Chunk(enqueued, c, self._draw(n)) for c, n in enumerate(sizes))
+                    enqueued += 1
+                if not queue:
+                    break
+                weights = self._weights_for(queue[0].batch)
+                if weights is None:
+                    break
+                chunk, worker = queue.popleft(), idle.popleft()
+                version, (checksum, ref) = weights
+                chunk.attempts += 1
+                key = f"b{chunk.batch}c{chunk.index}a{chunk.attempts}"
+                meta_ref, exp_ref = worker.handle.rollout.options(num_returns=2).remote(
+                    key, chunk.problems, version, ref, checksum
+                )
+                inflight[meta_ref] = (worker, chunk, exp_ref)
+            # Train on the next batch as soon as all its chunks are in.
+            if train_ref is None and len(done.get(next_train, {})) == len(sizes):
+                chunks = done.pop(next_train)
+                train_ref = self.trainer.train.remote(next_train, *(chunks[c] for c in range(len(sizes))))
+            waitable = list(inflight) + ([train_ref] if train_ref is not None else [])
+            if not waitable:
+                raise RuntimeError("no rollout worker is left alive and no batch is training")
+            ready, _ = ray.wait(waitable, num_returns=1, timeout=self.timeout_s)
+            if not ready:
+                raise TimeoutError(f"nothing finished within {self.timeout_s}s (step {next_train})")
+            ref = ready[0]
+            if ref is train_ref or ref == train_ref:
+                out = ray.get(train_ref)
+                train_ref = None
+                now = time.time()
+                samples += out["samples"]
+                self._events += [TimelineEvent(*e) for e in out["events"]]
+                if out["published"] is not None:
+                    self._add_published(out["published"])
+                metrics = out["metrics"]
+                metrics.update(
+                    {
+                        "step": float(next_train + 1),
+                        "perf/samples_per_s": samples / (now - self._t0),
+                        "perf/gen_tokens_per_s": tokens / (now - self._t0),
+                        "time/step_s": now - last,
+                        "faults/rollout_restarts": float(self.restarts),
+                    }
+                )
+                last = now
+                history.steps.append(metrics)
+                history.staleness.append(out["staleness"])
+                next_train += 1
+                if self.on_metrics is not None:
+                    self.on_metrics(next_train, metrics)
+                continue
+            worker, chunk, exp_ref = inflight.pop(ref)
+            try:
+                meta = ray.get(ref)
+            except RayActorError as err:
+                self._lost(worker, chunk, err, queue, idle)
+                continue
+            self._received(worker, chunk, meta)
+            tokens += meta["tokens"]
+            done[chunk.batch][chunk.index] = exp_ref
+            idle.append(worker)
+        end = time.time()
+        history.timeline = sorted(self._events, key=lambda e: e.start)
+        bubbles = bubble_fractions(history.timeline, self._t0, end)
+        rollout = [bubbles.get(w.name, 1.0) for w in self.workers]
+        history.summary = {
+            "perf/bubble_frac_rollout": sum(rollout) / len(rollout),
+            "perf/bubble_frac_trainer": bubbles.get("trainer", 0.0),
+            "perf/samples_per_s": samples / (end - self._t0),
+            "perf/gen_tokens_per_s": tokens / (end - self._t0),
+            "time/total_s": end - self._t0,
+            "sync/weight_loads": float(sum(e.phase == "load_weights" for e in history.timeline)),
+            "faults/rollout_restarts": float(self.restarts),
+        }
+        return history
+
+    def buffer_stats(self) -> dict[str, int]:
+        """The trainer's buffer counters (pushed, sampled, dropped, evicted, size)."""
+        return self._get(self.trainer.buffer_stats.remote())
+
+    def shutdown(self) -> None:
+        """Kill the actors (their resources return to the cluster)."""
+        for handle in [self.trainer, *self.rollout_actors]:
+            ray.kill(handle, no_restart=True)
+
+    # ------------------------------------------------------------ helpers
+    def _draw(self, n: int) -> list[Problem]:
+        return [next(self.problems) for _ in range(n)]
+
+    def _get(self, ref: Any) -> Any:
+        return ray.get(ref, timeout=self.timeout_s)
+
+    def _add_published(self, published: tuple[int, str, list[Any]]) -> None:
+        version, checksum, ref = published
+        self._published[version] = (checksum, ref)
+        self.trainer_checksums[version] = checksum
+        while len(self._published) > self._keep:
+            self._published.popitem(last=False)
+
+    def _weights_for(self, batch: int) -> tuple[int, tuple[str, list[Any]]] | None:
+        needed = self.policy.required_version(batch)
+        if self.policy.kind == "exact":
+            entry = self._published.get(needed)
+            return None if entry is None else (needed, entry)
+        newest = next(reversed(self._published))
+        return (newest, self._published[newest]) if newest >= needed else None
+
+    def _received(self, worker: _Worker, chunk: _Chunk, meta: dict[str, Any]) -> None:
+        if meta["pid"] != worker.pid:
+            if not worker.lost_pid:  # restarted while idle: no call failed
+                self._restart_event(worker, "restarted while idle")
+            worker.pid, worker.lost_pid = meta["pid"], False
+        trainer_checksum = self.trainer_checksums[meta["version"]]
+        if self.verify_sync and meta["checksum"] != trainer_checksum:
+            raise RuntimeError(
+                f"{worker.name}: generated batch {chunk.batch} with checksum {meta['checksum'][:12]} != trainer's "
+                f"{trainer_checksum[:12]} at version {meta['version']}"
+            )
+        self.sync_log.append(SyncRecord(worker.name, chunk.batch, meta["version"], meta["checksum"], trainer_checksum))
+        self._events += [TimelineEvent(*e) for e in meta["events"]]
+        worker.chunks += 1
+
+    def _lost(self, worker: _Worker, chunk: _Chunk, err: BaseException, queue: deque, idle: deque) -> None:
+        """A rollout actor died under a chunk: requeue the chunk first, keep the worker
+        while it has restarts left."""
+        worker.failures += 1
+        worker.lost_pid = True
+        self._restart_event(worker, type(err).__name__)
+        queue.appendleft(chunk)
+        if worker.failures > self.max_restarts:
+            worker.alive = False
+            if not any(w.alive for w in self.workers):
+                raise RuntimeError(f"every rollout worker died more than max_restarts={self.max_restarts} times")
+        else:
+            idle.append(worker)
+
+    def _restart_event(self, worker: _Worker, reason: str) -> None:
+        self.restarts += 1
+        now = time.time()
+        self._events.append(TimelineEvent(worker.name, "restart", now, now))
+
+
+class _Bound:
+    """``factory(index)`` as a zero-argument callable that pickles by value."""
+
+    def __init__(self, factory: Callable[[int], Any], index: int) -> None:
+        self.factory, self.index = factory, index
+
+    def __call__(self) -> Any:
+        return self.factory(self.index)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` prompts as ``min(parts, total)`` chunk sizes differing by at most one."""
+    parts = min(parts, total)
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources) -> None:
+    """Fail now, not hang later, when the cluster cannot place every actor."""
+    total = ray.cluster_resources()
+    for resource, per_rollout, per_trainer in [
+        ("CPU", rollout.num_cpus, trainer.num_cpus),
+        ("GPU", rollout.num_gpus, trainer.num_gpus),
+    ]:
+        need, have = workers * per_rollout + per_trainer, total.get(resource, 0.0)
+        if need > have + 1e-9:
+            raise ValueError(
+                f"the run needs {need:g} {resource}s ({workers} rollout workers × {per_rollout:g} + trainer "
+                f"{per_trainer:g}) but the Ray cluster has {have:g}"
+            )
