@@ -1,4 +1,4 @@
-"""The ``asyncrlhf`` command line: run, validate, schema, ui."""
+"""The ``asyncrlhf`` command line: run, validate, schema, sweep, bench, ui."""
 
 from __future__ import annotations
 
@@ -116,6 +116,61 @@ def _summary(result) -> None:  # type: ignore[no-untyped-def]
     table.add_row("store", str(result.tracking_uri))
     console.print(table)
     console.print("Compare runs: [bold]asyncrlhf ui[/] (then open http://127.0.0.1:5000)")
+
+
+@app.command()
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML file.", show_default=False)],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="Override a sweep field: key.path=value (repeatable).")
+    ] = None,
+    max_trials: Annotated[
+        int | None, typer.Option(help="Start at most this many trials now; run the command again to resume.")
+    ] = None,
+) -> None:
+    """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
+    from asyncrlhf.distributed import ray_runtime
+    from pipelines.spec import load_sweep
+    from pipelines.sweep import run_sweep
+
+    try:
+        spec, base = load_sweep(sweep_file, set_ or [])
+    except SpecError as err:
+        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if max_trials is not None and max_trials < 1:
+        errors.print(f"[bold red]error:[/] --max-trials must be ≥ 1, got {max_trials}")
+        raise typer.Exit(2)
+    console.print(
+        f"[bold]{spec.name}[/]: {spec.method}, {spec.num_trials} trials, {spec.parallel} in parallel — "
+        f"{spec.direction} {spec.objective}"
+    )
+
+    def on_trial(row: dict) -> None:
+        value = "—" if row["value"] is None else f"{row['value']:.4f}"
+        params = ", ".join(f"{k}={v}" for k, v in row["params"].items())
+        console.print(f"  trial {row['number']:>3} {row['state']:<8} {value:>8}  {params}", highlight=False)
+
+    try:
+        with ray_runtime(spec.runtime.address, spec.runtime.num_cpus):
+            result = run_sweep(spec, base, max_trials=max_trials, on_trial=on_trial)
+    except SpecError as err:
+        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        errors.print("[yellow]interrupted[/]: run the same command again to resume")
+        raise typer.Exit(130) from None
+    table = Table(title=f"{spec.name}: trials by {spec.objective}")
+    for column in ["rank", "trial", "state", spec.objective, *spec.space]:
+        table.add_column(column)
+    for rank, row in enumerate(result.rows, 1):
+        value = "" if row["value"] is None else f"{row['value']:.4f}"
+        params = (str(row["params"].get(k, "")) for k in spec.space)
+        table.add_row(str(rank), str(row["number"]), row["state"], value, *params)
+    console.print(table)
+    done = "complete" if result.complete else f"partial ({len(result.rows)}/{spec.num_trials}): run it again to resume"
+    console.print(f"{done}. MLflow parent run {result.parent_run_id} in {result.tracking_uri}; study {result.storage}")
+    console.print("Compare trials: [bold]asyncrlhf ui[/] (open the parent run, or filter on tags.sweep.name)")
 
 
 @app.command()

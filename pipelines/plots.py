@@ -1,12 +1,13 @@
-"""PNG plots of a run: learning curves and the rollout/trainer timeline (Gantt)."""
+"""PNG plots: a run's learning curves and rollout/trainer timeline (Gantt); a sweep's objective."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from asyncrlhf.orchestration import RunHistory
 
-__all__ = ["plot_curves", "plot_timeline"]
+__all__ = ["plot_curves", "plot_objective", "plot_staleness", "plot_timeline"]
 
 _PHASE_COLOURS = {
     "generate": "#4c78a8",
@@ -16,6 +17,7 @@ _PHASE_COLOURS = {
     "publish": "#e45756",
     "eval": "#54a24b",
     "wait": "#dddddd",
+    "restart": "#000000",
 }
 
 
@@ -68,6 +70,50 @@ def plot_timeline(history: RunHistory, path: Path) -> None:
                   bbox_to_anchor=(0.5, -0.3))  # fmt: skip
     ax.set_xlabel("seconds since start")
     ax.set_title(f"{history.mode}: timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_objective(
+    rows: list[dict[str, Any]], keys: list[str], objective: str, log_keys: set[str], title: str, path: Path
+) -> None:
+    """A sweep's objective against each swept field (one panel per field, one dot per trial)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        values = [r["params"][key] for r in rows]
+        scores = [r["value"] for r in rows]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            ax.scatter(values, scores, color="#4c78a8")
+            if key in log_keys:
+                ax.set_xscale("log")
+        else:
+            labels = sorted({str(v) for v in values})
+            ax.scatter([labels.index(str(v)) for v in values], scores, color="#4c78a8")
+            ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel(key)
+        ax.set_ylabel(objective)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_staleness(table: dict[str, dict[Any, float]], key: str, objective: str, title: str, path: Path) -> None:
+    """Final objective against staleness, one line per algorithm (``table[algo][k]``)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for algo, by_k in table.items():
+        ax.plot(list(by_k), list(by_k.values()), "o-", label=algo)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel(f"staleness ({key})")
+    ax.set_ylabel(f"final {objective}")
+    ax.grid(alpha=0.3)
+    if table:
+        ax.legend()
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -25,7 +25,7 @@ import yaml
 from asyncrlhf.orchestration import RunHistory
 from pipelines.spec import ExperimentSpec, TrackingSpec, flatten, spec_hash
 
-__all__ = ["DEFAULT_TRACKING_URI", "Tracker", "artifact_root_for", "resolve_tracking_uri"]
+__all__ = ["DEFAULT_TRACKING_URI", "Tracker", "artifact_root_for", "experiment_id_for", "resolve_tracking_uri"]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
 _MAX_PARAMS, _MAX_METRICS = 100, 1000  # per log_batch request (MLflow REST limits)
@@ -44,6 +44,14 @@ def artifact_root_for(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
     return None  # a server or other store chooses its own
+
+
+def experiment_id_for(client: Any, name: str, uri: str) -> str:
+    """The id of MLflow experiment ``name``, created (artifacts beside a local store) if new."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_root_for(uri))
 
 
 def _git_commit() -> str | None:
@@ -70,18 +78,16 @@ class Tracker:
         self._steps_since_flush = 0
 
     # ------------------------------------------------------------- lifecycle
-    def start(self, spec: ExperimentSpec) -> str:
-        """Create the run and log the resolved spec before the first step."""
+    def start(self, spec: ExperimentSpec, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> str:
+        """Create the run and log the resolved spec before the first step.
+
+        ``parent_run_id`` nests the run under a sweep's parent run; ``tags`` are added.
+        """
         from mlflow.entities import Param, RunTag
 
-        experiment = self.client.get_experiment_by_name(self.config.experiment)
-        if experiment is None:
-            experiment_id = self.client.create_experiment(
-                self.config.experiment, artifact_location=artifact_root_for(self.uri)
-            )
-        else:
-            experiment_id = experiment.experiment_id
+        experiment_id = experiment_id_for(self.client, self.config.experiment, self.uri)
         tags = {
+            **(tags or {}),
             "spec_hash": spec_hash(spec),
             "mode": spec.orchestrator.mode,
             "algorithm": spec.algorithm.name,
@@ -91,6 +97,8 @@ class Tracker:
         commit = _git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
+        if parent_run_id is not None:
+            tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
         self.run_id = run.info.run_id
         params = [Param(k, v[:6000]) for k, v in flatten(spec).items()]
@@ -122,8 +130,8 @@ class Tracker:
         for i in range(0, len(pending), _MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=pending[i : i + _MAX_METRICS], synchronous=True)
 
-    def finish(self, history: RunHistory, extra: dict[str, float] | None = None) -> None:
-        """Final metrics, artifacts, and status FINISHED."""
+    def finish(self, history: RunHistory, extra: dict[str, float] | None = None, status: str = "FINISHED") -> None:
+        """Final metrics, artifacts, and ``status`` (FINISHED; KILLED for a pruned trial)."""
         from mlflow.entities import Metric, RunTag
 
         from pipelines.plots import plot_curves, plot_timeline
@@ -147,8 +155,9 @@ class Tracker:
             for path in sorted(artifacts.iterdir()):
                 folder = "plots" if path.suffix == ".png" else "history"
                 self.client.log_artifact(self.run_id, str(path), folder)
-        self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", "finished")], synchronous=True)
-        self.client.set_terminated(self.run_id, status="FINISHED")
+        label = "finished" if status == "FINISHED" else "stopped"
+        self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", label)], synchronous=True)
+        self.client.set_terminated(self.run_id, status=status)
         self.finish_seconds += time.perf_counter() - begin
 
     def fail(self, error: BaseException) -> None:
