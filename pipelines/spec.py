@@ -400,7 +400,9 @@ class RangeSpec(_Section):
 
 
 class PrunerSpec(_Section):
-    kind: Literal["median", "none"] = Field("median", description="Optuna pruner: MedianPruner or none.")
+    kind: Literal["median", "none"] | None = Field(
+        None, description="'median' (Optuna's MedianPruner) or 'none'; null: median for optuna, none for grid."
+    )
     n_startup_trials: int = Field(2, ge=0, description="Trials that complete before any pruning.")
     n_warmup_steps: int = Field(0, ge=0, description="Steps of a trial before it may be pruned.")
 
@@ -476,6 +478,11 @@ class SweepSpec(_Section):
     @property
     def num_trials(self) -> int:
         return self.trials if self.trials is not None else self.grid_size
+
+    @property
+    def prunes(self) -> bool:
+        kind = self.pruner.kind or ("median" if self.method == "optuna" else "none")
+        return kind == "median"
 
     @property
     def study_name(self) -> str:

@@ -149,7 +149,7 @@ def _make_study(sweep: SweepSpec, storage: str, signature: str) -> Any:
         sampler: Any = optuna.samplers.RandomSampler(seed=sweep.seed)  # every grid trial is enqueued
     else:
         sampler = optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=min(10, max(2, sweep.num_trials // 3)))
-    if sweep.pruner.kind == "median" and sweep.method == "optuna":
+    if sweep.prunes:
         pruner: Any = optuna.pruners.MedianPruner(sweep.pruner.n_startup_trials, sweep.pruner.n_warmup_steps)
     else:
         pruner = optuna.pruners.NopPruner()

@@ -1,0 +1,170 @@
+"""Sweeps on a real local Ray cluster into temporary MLflow and Optuna stores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from pipelines.spec import SpecError, load_sweep
+from pipelines.sweep import default_storage, run_sweep
+from tests.pipelines.conftest import REPO, cli, env
+
+QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
+SHORT = ["trainer.steps=4", "trainer.batch_size=32", "orchestrator.eval_every=2", "task.eval_size=20",
+         "runtime.torch_threads=1"]  # fmt: skip
+
+
+def write_sweep(tmp_path: Path, **fields) -> Path:  # type: ignore[no-untyped-def]
+    data = {"name": "test_sweep", "base": QUICKSTART, "overrides": SHORT, "parallel": 2, **fields}
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def sweep_runs(uri: str, experiment: str = "sweeps") -> tuple[object, list]:
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(runs) - 1  # every other run is a child of the one parent
+    return parent, sorted(children, key=lambda r: int(r.data.tags["sweep.trial"]))
+
+
+def summary_files(uri: str, run_id: str) -> set[str]:
+    return {a.path for a in MlflowClient(uri).list_artifacts(run_id, "summary")}
+
+
+def test_a_grid_sweep_through_the_cli(store, tmp_path):
+    path = write_sweep(tmp_path, name="grid", method="grid",
+                       overrides=[*SHORT, "orchestrator.mode=lagged", "orchestrator.lag=0"],
+                       space={"orchestrator.lag": [0, 2], "algorithm.name": ["grpo", "m2po"]})  # fmt: skip
+    done = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "complete." in done.stdout and "trials by eval/accuracy" in done.stdout
+    parent, children = sweep_runs(store)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweep.status"] == "complete"
+    assert [c.info.status for c in children] == ["FINISHED"] * 4
+    combos = [(c.data.params["orchestrator.lag"], c.data.params["algorithm.name"]) for c in children]
+    assert sorted(combos) == [("0", "grpo"), ("0", "m2po"), ("2", "grpo"), ("2", "m2po")]
+    for child in children:  # the tag of swept values and the full spec agree
+        swept = json.loads(child.data.tags["sweep.params"])
+        assert str(swept["orchestrator.lag"]) == child.data.params["orchestrator.lag"]
+        assert child.data.params["orchestrator.mode"] == "lagged" and child.data.params["trainer.steps"] == "4"
+        assert "eval/accuracy" in child.data.metrics and "plots/curves.png" in {
+            a.path for a in MlflowClient(store).list_artifacts(child.info.run_id, "plots")
+        }
+    assert {"summary/trials.md", "summary/trials.csv", "summary/objective_vs_params.png",
+            "summary/objective_vs_staleness.png"} <= summary_files(store, parent.info.run_id)  # fmt: skip
+    assert parent.data.metrics["sweep/complete"] == 4
+
+
+def test_bad_sweep_files_fail_before_anything_runs(store, tmp_path):
+    bad = write_sweep(tmp_path, method="grid", space={"orchestrator.lagg": [0, 1]})
+    done = subprocess.run([*cli(), "sweep", str(bad)], capture_output=True, text=True, env=env())
+    assert done.returncode == 2 and "orchestrator.lagg" in done.stderr
+    with pytest.raises(SpecError, match="grid sweeps need lists"):
+        load_sweep(write_sweep(tmp_path, method="grid", space={"trainer.lr": {"low": 1e-4, "high": 1e-3}}))
+    with pytest.raises(SpecError, match="optuna sweeps need trials"):
+        load_sweep(write_sweep(tmp_path, method="optuna", space={"trainer.lr": [1e-4]}))
+    assert not Path(store.removeprefix("sqlite:///")).exists()  # no run, no study
+
+
+OPTUNA_SPACE = {
+    "trainer.lr": {"low": 1e-4, "high": 1e-3, "log": True},
+    "algorithm.clip_eps": {"low": 0.1, "high": 0.3},
+    "rollout.group_size": [4, 8],
+}
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_optuna_sweep_runs_four_trials_in_parallel(store, tmp_path):
+    sweep, base = load_sweep(write_sweep(tmp_path, name="tune", method="optuna", trials=4, space=OPTUNA_SPACE,
+                                         pruner={"kind": "none"}))  # fmt: skip
+    result = run_sweep(sweep, base, poll_s=0.2)
+    assert result.complete and result.ran == 4 and [r["state"] for r in result.rows] == ["COMPLETE"] * 4
+    values = [r["value"] for r in result.rows]
+    assert values == sorted(values, reverse=True)  # best first
+    parent, children = sweep_runs(store)
+    assert [c.info.status for c in children] == ["FINISHED"] * 4
+    for row, child in zip(sorted(result.rows, key=lambda r: r["number"]), children, strict=True):
+        assert row["run_id"] == child.info.run_id
+        lr = float(child.data.params["trainer.lr"])
+        assert 1e-4 <= lr <= 1e-3 and lr == pytest.approx(row["params"]["trainer.lr"])
+        assert child.data.params["rollout.group_size"] == str(row["params"]["rollout.group_size"])
+        assert child.data.metrics["eval/accuracy"] == pytest.approx(row["value"])
+    assert {"summary/trials.md", "summary/objective_vs_params.png"} <= summary_files(store, parent.info.run_id)
+    # The study lives in SQLite beside the MLflow store.
+    study = optuna.load_study(study_name="tune", storage=default_storage(store))
+    assert len(study.trials) == 4 and all(len(t.intermediate_values) == 2 for t in study.trials)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_interrupted_optuna_sweep_resumes_without_rerunning(store, tmp_path):
+    sweep, base = load_sweep(write_sweep(tmp_path, name="resume", method="optuna", trials=4, space=OPTUNA_SPACE,
+                                         parallel=1))  # fmt: skip
+    first = run_sweep(sweep, base, max_trials=2, poll_s=0.2)
+    assert first.ran == 2 and not first.complete
+    kept = {r["number"]: (r["run_id"], r["value"], r["params"]) for r in first.rows}
+    # A driver killed mid-trial leaves a RUNNING trial behind.
+    storage = default_storage(store)
+    study = optuna.load_study(study_name="resume", storage=storage)
+    lost = study.ask()
+    lost_params = {"trainer.lr": lost.suggest_float("trainer.lr", 1e-4, 1e-3, log=True),
+                   "algorithm.clip_eps": lost.suggest_float("algorithm.clip_eps", 0.1, 0.3),
+                   "rollout.group_size": lost.suggest_categorical("rollout.group_size", [4, 8])}  # fmt: skip
+
+    second = run_sweep(sweep, base, poll_s=0.2)
+    assert second.complete and second.ran == 2 and len(second.rows) == 4
+    again = {r["number"]: (r["run_id"], r["value"], r["params"]) for r in second.rows}
+    assert all(again[n] == kept[n] for n in kept)  # finished trials kept as they were
+    study = optuna.load_study(study_name="resume", storage=storage)
+    interrupted = study.trials[lost.number]
+    assert interrupted.state.name == "FAIL" and interrupted.user_attrs["interrupted"]
+    rerun = [t for t in study.trials if t.number > lost.number and t.params == lost_params]
+    assert len(rerun) == 1 and rerun[0].state.name == "COMPLETE"  # its parameters queued again and run
+    assert len(study.trials) == 5  # 2 + the interrupted one + 2, nothing rerun twice
+    parent, children = sweep_runs(store)
+    assert parent.info.run_id == first.parent_run_id == second.parent_run_id
+    assert len(children) == 4 and parent.data.tags["sweep.status"] == "complete"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_median_pruner_stops_an_obviously_bad_trial(store, tmp_path):
+    # Two sane learning rates complete first; lr = 0.5 wrecks the policy in one step.
+    sweep, base = load_sweep(write_sweep(
+        tmp_path, name="prune", method="grid", parallel=1, space={"trainer.lr": [3e-4, 2e-4, 0.5]},
+        overrides=[*SHORT, "trainer.steps=60", "orchestrator.eval_every=1"],
+        pruner={"kind": "median", "n_startup_trials": 2},
+    ))  # fmt: skip
+    result = run_sweep(sweep, base, poll_s=0.05)
+    states = {r["params"]["trainer.lr"]: r for r in result.rows}
+    assert states[3e-4]["state"] == states[2e-4]["state"] == "COMPLETE"
+    assert states[0.5]["state"] == "PRUNED" and states[0.5]["last_step"] < 60
+    _, children = sweep_runs(store)
+    pruned = next(c for c in children if c.data.params["trainer.lr"] == "0.5")
+    assert pruned.info.status == "KILLED" and pruned.data.tags["asyncrlhf.status"] == "pruned"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_failing_trials_are_recorded_and_the_sweep_goes_on(store, tmp_path):
+    broken = tmp_path / "broken_model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # passes validation, fails to load in the trial
+    sweep, base = load_sweep(write_sweep(
+        tmp_path, name="failing", method="grid", overrides=[*SHORT, f"model.path={broken}"],
+        space={"model.kind": ["tiny", "pretrained"], "trainer.batch_size": [32, 36]},
+    ))  # fmt: skip
+    result = run_sweep(sweep, base, poll_s=0.2)
+    states = {(r["params"]["model.kind"], r["params"]["trainer.batch_size"]): r for r in result.rows}
+    assert states["tiny", 32]["state"] == "COMPLETE"
+    assert states["pretrained", 32]["state"] == "FAIL" and states["pretrained", 32]["error"]
+    assert "not a multiple" in states["tiny", 36]["error"]  # invalid combination: failed at launch
+    parent, children = sweep_runs(store)
+    assert sorted(c.info.status for c in children) == ["FAILED", "FAILED", "FAILED", "FINISHED"]
+    assert parent.data.metrics["sweep/fail"] == 3 and result.complete
