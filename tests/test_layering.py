@@ -1,0 +1,39 @@
+"""The layering of DESIGN.md: the core imports neither mlflow nor optuna, and only
+``asyncrlhf/distributed`` imports ray."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[1] / "asyncrlhf"
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_only_the_distributed_package_imports_ray_and_nothing_imports_mlflow_or_optuna():
+    for path in CORE.rglob("*.py"):
+        roots = imported_roots(path)
+        assert not roots & {"mlflow", "optuna", "pipelines"}, path
+        if "distributed" not in path.parts:
+            assert "ray" not in roots, path
+
+
+def test_importing_the_core_loads_no_optional_dependency():
+    code = (
+        "import sys, asyncrlhf, asyncrlhf.rewards, asyncrlhf.losses, asyncrlhf.buffers, asyncrlhf.tasks, "
+        "asyncrlhf.rollout, asyncrlhf.training, asyncrlhf.orchestration, asyncrlhf.models\n"
+        "print(sorted({'ray', 'mlflow', 'optuna', 'vllm'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
