@@ -466,6 +466,11 @@ class SweepSpec(_Section):
                 raise ValueError(f"trials={self.trials} exceeds the grid's {self.grid_size} combinations")
         elif self.trials is None:
             raise ValueError("optuna sweeps need trials")
+        if self.runtime.address is None and self.trial_resources.num_cpus > self.runtime.num_cpus:
+            raise ValueError(
+                f"trial_resources.num_cpus={self.trial_resources.num_cpus:g} exceeds the local cluster's "
+                f"runtime.num_cpus={self.runtime.num_cpus}: no trial could start"
+            )
         return self
 
     @property

@@ -242,6 +242,13 @@ def run_sweep(
     from mlflow import MlflowClient
     from optuna.trial import TrialState
 
+    total = ray.cluster_resources()
+    for resource, need in [("CPU", sweep.trial_resources.num_cpus), ("GPU", sweep.trial_resources.num_gpus)]:
+        if need > total.get(resource, 0.0):
+            raise SpecError(
+                f"trial_resources.num_{resource.lower()}s={need:g} but the Ray cluster has "
+                f"{total.get(resource, 0.0):g} {resource}s: no trial could start"
+            )
     tracking = sweep.tracking
     uri = resolve_tracking_uri(tracking.uri)
     client = MlflowClient(tracking_uri=uri)
