@@ -135,7 +135,7 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
             eval_problems=task.eval_problems(), max_new_tokens=rollout.max_new_tokens, workers=rollout.workers,
             rollout_resources=ActorResources(runtime.rollout.num_cpus, runtime.rollout.num_gpus, runtime.torch_threads),
             trainer_resources=ActorResources(runtime.trainer.num_cpus, runtime.trainer.num_gpus, runtime.torch_threads),
-            max_restarts=runtime.max_restarts, **common,
+            max_restarts=runtime.max_restarts, seed=spec.seed + 1, **common,
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)

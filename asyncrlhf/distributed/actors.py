@@ -92,9 +92,10 @@ class RolloutActor:
         return os.getpid()
 
     def rollout(
-        self, key: str, problems: list[Problem], version: int, weights: list[Any], checksum: str
+        self, key: str, problems: list[Problem], version: int, weights: list[Any], checksum: str, seed: int
     ) -> tuple[dict[str, Any], list[Experience]]:
-        """Generate ``problems`` × G experiences with exactly ``version``'s weights.
+        """Generate ``problems`` × G experiences with exactly ``version``'s weights,
+        sampling from ``seed`` (the chunk's own, whichever worker runs it).
 
         ``weights`` is ``[ObjectRef]`` (a list, so Ray does not fetch the object unless
         this actor needs to load it). Returns ``(meta, experiences)``; the driver reads
@@ -109,6 +110,7 @@ class RolloutActor:
             self.events.append((self.name, "wait", start, time.time()))
             self.checksum = self.worker.load_snapshot(Snapshot(version, state, checksum))
             self.loaded = version
+        self.worker.engine.reseed(seed)
         experiences = self.worker.generate_batch(problems, key_prefix=key)
         meta = {
             "worker": self.name,

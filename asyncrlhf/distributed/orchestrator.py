@@ -61,6 +61,7 @@ class SyncRecord:
     """One chunk's weights: which worker generated it with which version and checksum."""
 
     worker: str
+    pid: int
     batch: int
     version: int
     checksum: str
@@ -106,6 +107,8 @@ class RayOrchestrator:
         workers: number of rollout actors.
         rollout_resources, trainer_resources: per-actor CPUs, GPUs, torch threads.
         max_restarts: how often each rollout actor may be restarted.
+        seed: seeds each chunk's sampling, so ``sync`` and ``lagged`` runs are
+            reproducible whichever worker draws which chunk (and after a restart).
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class RayOrchestrator:
         rollout_resources: ActorResources = ActorResources(),
         trainer_resources: ActorResources = ActorResources(),
         max_restarts: int = 3,
+        seed: int = 0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -157,6 +161,7 @@ class RayOrchestrator:
         self.on_metrics = on_metrics
         self.timeout_s = timeout_s
         self.verify_sync = verify_sync
+        self.seed = seed
         if mode == "async":
             self.policy = WeightPolicy("bounded", max_staleness=self.max_staleness)
         else:
@@ -193,10 +198,14 @@ class RayOrchestrator:
         """Train for ``num_steps`` trainer steps; returns the run's history."""
         check_positive_int("num_steps", num_steps)
         history = RunHistory(mode=self.mode)
-        self._t0 = time.time()
+        # Actors build their models in the background; throughput and bubbles are
+        # measured from the moment all of them are up (start-up is reported apart).
+        begin = time.time()
         self._add_published(self._get(self.trainer.publish.remote()))
         for worker in self.workers:
             worker.pid = self._get(worker.handle.pid.remote())
+        self._t0 = time.time()
+        startup = self._t0 - begin
         if self.eval_every:
             history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
 
@@ -225,8 +234,9 @@ class RayOrchestrator:
                 version, (checksum, ref) = weights
                 chunk.attempts += 1
                 key = f"b{chunk.batch}c{chunk.index}a{chunk.attempts}"
+                seed = hash((self.seed, chunk.batch, chunk.index)) & 0x7FFF_FFFF  # ints hash stably
                 meta_ref, exp_ref = worker.handle.rollout.options(num_returns=2).remote(
-                    key, chunk.problems, version, ref, checksum
+                    key, chunk.problems, version, ref, checksum, seed
                 )
                 inflight[meta_ref] = (worker, chunk, exp_ref)
             # Train on the next batch as soon as all its chunks are in.
@@ -287,6 +297,7 @@ class RayOrchestrator:
             "time/total_s": end - self._t0,
             "sync/weight_loads": float(sum(e.phase == "load_weights" for e in history.timeline)),
             "faults/rollout_restarts": float(self.restarts),
+            "time/startup_s": startup,
         }
         return history
 
@@ -332,7 +343,8 @@ class RayOrchestrator:
                 f"{worker.name}: generated batch {chunk.batch} with checksum {meta['checksum'][:12]} != trainer's "
                 f"{trainer_checksum[:12]} at version {meta['version']}"
             )
-        self.sync_log.append(SyncRecord(worker.name, chunk.batch, meta["version"], meta["checksum"], trainer_checksum))
+        record = SyncRecord(worker.name, meta["pid"], chunk.batch, meta["version"], meta["checksum"], trainer_checksum)
+        self.sync_log.append(record)
         self._events += [TimelineEvent(*e) for e in meta["events"]]
         worker.chunks += 1
 

@@ -74,6 +74,10 @@ class EngineBase:
     def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
         raise NotImplementedError
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling stream from ``seed`` (so a batch's samples do not depend
+        on which worker drew it). Engines without a seedable stream keep theirs."""
+
     async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
         """``generate`` on a worker thread, so an event loop keeps serving meanwhile."""
         return await asyncio.to_thread(self.generate, prompts, num_samples)

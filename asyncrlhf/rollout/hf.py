@@ -75,6 +75,9 @@ class HFEngine(EngineBase):
         # transformers 5 renamed the KV-cache argument and output from past_key_values to cache.
         self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
+    def reseed(self, seed: int) -> None:
+        self._generator.manual_seed(seed)
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state_dict`` into the engine's model and record its version."""
         self.model.load_state_dict(state_dict, strict=True)
