@@ -18,7 +18,8 @@ generated with a checksum equal to the trainer's at that version.
 Faults: rollout actors restart (``max_restarts``). A chunk lost with its actor goes
 back to the head of the queue with the same prompts, so nothing is skipped or
 counted twice; each restart is a timeline event and the ``faults/rollout_restarts``
-metric. A restart while the actor was idle is caught by its new process id.
+metric. The worker gets work again once a probe reaches its restarted process; a
+restart while the actor was idle is caught by its new process id.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError, RayActorError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
@@ -82,13 +83,31 @@ class _Worker:
     handle: Any
     pid: int | None = None
     failures: int = 0
-    lost_pid: bool = False  # a failure was seen; the next pid change is that restart
     alive: bool = True
     chunks: int = 0
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = f"rollout-{self.index}"
+
+
+@dataclass
+class _RunState:
+    """The driver's bookkeeping for one run."""
+
+    num_steps: int
+    sizes: list[int]  # prompts of each chunk of a batch
+    idle: deque[_Worker]
+    last: float  # when the previous step finished
+    queue: deque[_Chunk] = field(default_factory=deque)  # chunks waiting for a worker, in order
+    enqueued: int = 0  # batches whose chunks were queued
+    inflight: dict[Any, tuple[_Worker, _Chunk, Any]] = field(default_factory=dict)  # meta ref → chunk
+    done: dict[int, dict[int, Any]] = field(default_factory=lambda: defaultdict(dict))  # batch → chunk → ref
+    probes: dict[Any, _Worker] = field(default_factory=dict)  # pid probe ref → worker coming back
+    train_ref: Any = None
+    next_train: int = 0
+    samples: int = 0
+    tokens: int = 0
 
 
 class RayOrchestrator:
@@ -209,82 +228,25 @@ class RayOrchestrator:
         if self.eval_every:
             history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
 
-        sizes = _split(self.prompts_per_step, self.num_workers)
-        queue: deque[_Chunk] = deque()
-        enqueued = 0
-        done: dict[int, dict[int, Any]] = defaultdict(dict)
-        inflight: dict[Any, tuple[_Worker, _Chunk, Any]] = {}
-        idle: deque[_Worker] = deque(self.workers)
-        train_ref = None
-        next_train = 0
-        samples = tokens = 0
-        last = time.time()
-        while next_train < num_steps:
-            # Hand chunks to idle workers, in order, as far as published weights allow.
-            while idle:
-                if not queue and enqueued < num_steps:
-                    queue.extend(_Chunk(enqueued, c, self._draw(n)) for c, n in enumerate(sizes))
-                    enqueued += 1
-                if not queue:
-                    break
-                weights = self._weights_for(queue[0].batch)
-                if weights is None:
-                    break
-                chunk, worker = queue.popleft(), idle.popleft()
-                version, (checksum, ref) = weights
-                chunk.attempts += 1
-                key = f"b{chunk.batch}c{chunk.index}a{chunk.attempts}"
-                seed = hash((self.seed, chunk.batch, chunk.index)) & 0x7FFF_FFFF  # ints hash stably
-                meta_ref, exp_ref = worker.handle.rollout.options(num_returns=2).remote(
-                    key, chunk.problems, version, ref, checksum, seed
-                )
-                inflight[meta_ref] = (worker, chunk, exp_ref)
+        run = _RunState(num_steps, _split(self.prompts_per_step, self.num_workers), deque(self.workers), time.time())
+        while run.next_train < num_steps:
+            self._dispatch(run)
             # Train on the next batch as soon as all its chunks are in.
-            if train_ref is None and len(done.get(next_train, {})) == len(sizes):
-                chunks = done.pop(next_train)
-                train_ref = self.trainer.train.remote(next_train, *(chunks[c] for c in range(len(sizes))))
-            waitable = list(inflight) + ([train_ref] if train_ref is not None else [])
+            if run.train_ref is None and len(run.done.get(run.next_train, {})) == len(run.sizes):
+                chunks = run.done.pop(run.next_train)
+                run.train_ref = self.trainer.train.remote(run.next_train, *(chunks[c] for c in range(len(run.sizes))))
+            waitable = [*run.inflight, *run.probes] + ([run.train_ref] if run.train_ref is not None else [])
             if not waitable:
                 raise RuntimeError("no rollout worker is left alive and no batch is training")
             ready, _ = ray.wait(waitable, num_returns=1, timeout=self.timeout_s)
             if not ready:
-                raise TimeoutError(f"nothing finished within {self.timeout_s}s (step {next_train})")
-            ref = ready[0]
-            if ref is train_ref or ref == train_ref:
-                out = ray.get(train_ref)
-                train_ref = None
-                now = time.time()
-                samples += out["samples"]
-                self._events += [TimelineEvent(*e) for e in out["events"]]
-                if out["published"] is not None:
-                    self._add_published(out["published"])
-                metrics = out["metrics"]
-                metrics.update(
-                    {
-                        "step": float(next_train + 1),
-                        "perf/samples_per_s": samples / (now - self._t0),
-                        "perf/gen_tokens_per_s": tokens / (now - self._t0),
-                        "time/step_s": now - last,
-                        "faults/rollout_restarts": float(self.restarts),
-                    }
-                )
-                last = now
-                history.steps.append(metrics)
-                history.staleness.append(out["staleness"])
-                next_train += 1
-                if self.on_metrics is not None:
-                    self.on_metrics(next_train, metrics)
-                continue
-            worker, chunk, exp_ref = inflight.pop(ref)
-            try:
-                meta = ray.get(ref)
-            except RayActorError as err:
-                self._lost(worker, chunk, err, queue, idle)
-                continue
-            self._received(worker, chunk, meta)
-            tokens += meta["tokens"]
-            done[chunk.batch][chunk.index] = exp_ref
-            idle.append(worker)
+                raise TimeoutError(f"nothing finished within {self.timeout_s}s (step {run.next_train})")
+            if ready[0] == run.train_ref:
+                self._trained(run, history)
+            elif ready[0] in run.probes:
+                self._probed(run, ready[0])
+            else:
+                self._chunk_done(run, ready[0])
         end = time.time()
         history.timeline = sorted(self._events, key=lambda e: e.start)
         bubbles = bubble_fractions(history.timeline, self._t0, end)
@@ -292,14 +254,79 @@ class RayOrchestrator:
         history.summary = {
             "perf/bubble_frac_rollout": sum(rollout) / len(rollout),
             "perf/bubble_frac_trainer": bubbles.get("trainer", 0.0),
-            "perf/samples_per_s": samples / (end - self._t0),
-            "perf/gen_tokens_per_s": tokens / (end - self._t0),
+            "perf/samples_per_s": run.samples / (end - self._t0),
+            "perf/gen_tokens_per_s": run.tokens / (end - self._t0),
             "time/total_s": end - self._t0,
             "sync/weight_loads": float(sum(e.phase == "load_weights" for e in history.timeline)),
             "faults/rollout_restarts": float(self.restarts),
             "time/startup_s": startup,
         }
         return history
+
+    def _dispatch(self, run: _RunState) -> None:
+        """Hand chunks to idle workers, in order, as far as published weights allow."""
+        while run.idle:
+            if not run.queue and run.enqueued < run.num_steps:
+                run.queue.extend(_Chunk(run.enqueued, c, self._draw(n)) for c, n in enumerate(run.sizes))
+                run.enqueued += 1
+            if not run.queue:
+                return
+            weights = self._weights_for(run.queue[0].batch)
+            if weights is None:
+                return
+            chunk, worker = run.queue.popleft(), run.idle.popleft()
+            version, (checksum, ref) = weights
+            chunk.attempts += 1
+            key = f"b{chunk.batch}c{chunk.index}a{chunk.attempts}"
+            seed = hash((self.seed, chunk.batch, chunk.index)) & 0x7FFF_FFFF  # ints hash stably
+            meta_ref, exp_ref = worker.handle.rollout.options(num_returns=2).remote(
+                key, chunk.problems, version, ref, checksum, seed
+            )
+            run.inflight[meta_ref] = (worker, chunk, exp_ref)
+
+    def _trained(self, run: _RunState, history: RunHistory) -> None:
+        """A trainer step finished: record it, take its published weights, report."""
+        out = ray.get(run.train_ref)
+        run.train_ref = None
+        now = time.time()
+        run.samples += out["samples"]
+        self._events += [TimelineEvent(*e) for e in out["events"]]
+        if out["published"] is not None:
+            self._add_published(out["published"])
+        metrics = out["metrics"]
+        metrics.update(
+            {
+                "step": float(run.next_train + 1),
+                "perf/samples_per_s": run.samples / (now - self._t0),
+                "perf/gen_tokens_per_s": run.tokens / (now - self._t0),
+                "time/step_s": now - run.last,
+                "faults/rollout_restarts": float(self.restarts),
+            }
+        )
+        run.last = now
+        history.steps.append(metrics)
+        history.staleness.append(out["staleness"])
+        run.next_train += 1
+        if self.on_metrics is not None:
+            self.on_metrics(run.next_train, metrics)
+
+    def _chunk_done(self, run: _RunState, ref: Any) -> None:
+        """A chunk finished (or its actor died): verify it and keep its experiences' reference."""
+        worker, chunk, exp_ref = run.inflight.pop(ref)
+        try:
+            meta = ray.get(ref)
+        except RayActorError:
+            # The actor died under the chunk: the chunk goes first in line again, and
+            # the worker comes back once a probe reaches its restarted process.
+            worker.failures += 1
+            self._restart_event(worker)
+            run.queue.appendleft(chunk)
+            run.probes[worker.handle.pid.remote()] = worker
+            return
+        self._received(worker, chunk, meta)
+        run.tokens += meta["tokens"]
+        run.done[chunk.batch][chunk.index] = exp_ref
+        run.idle.append(worker)
 
     def buffer_stats(self) -> dict[str, int]:
         """The trainer's buffer counters (pushed, sampled, dropped, evicted, size)."""
@@ -333,10 +360,9 @@ class RayOrchestrator:
         return (newest, self._published[newest]) if newest >= needed else None
 
     def _received(self, worker: _Worker, chunk: _Chunk, meta: dict[str, Any]) -> None:
-        if meta["pid"] != worker.pid:
-            if not worker.lost_pid:  # restarted while idle: no call failed
-                self._restart_event(worker, "restarted while idle")
-            worker.pid, worker.lost_pid = meta["pid"], False
+        if meta["pid"] != worker.pid:  # restarted while idle: no call failed
+            self._restart_event(worker)
+            worker.pid = meta["pid"]
         trainer_checksum = self.trainer_checksums[meta["version"]]
         if self.verify_sync and meta["checksum"] != trainer_checksum:
             raise RuntimeError(
@@ -348,21 +374,26 @@ class RayOrchestrator:
         self._events += [TimelineEvent(*e) for e in meta["events"]]
         worker.chunks += 1
 
-    def _lost(self, worker: _Worker, chunk: _Chunk, err: BaseException, queue: deque, idle: deque) -> None:
-        """A rollout actor died under a chunk: requeue the chunk first, keep the worker
-        while it has restarts left."""
-        worker.failures += 1
-        worker.lost_pid = True
-        self._restart_event(worker, type(err).__name__)
-        queue.appendleft(chunk)
-        if worker.failures > self.max_restarts:
+    def _probed(self, run: _RunState, ref: Any) -> None:
+        """A restarted worker answered (back to work), is still restarting (probe again),
+        or is gone for good (dropped; the run fails only when no worker is left)."""
+        worker = run.probes.pop(ref)
+        try:
+            worker.pid = ray.get(ref)
+        except ActorDiedError:
             worker.alive = False
-            if not any(w.alive for w in self.workers):
-                raise RuntimeError(f"every rollout worker died more than max_restarts={self.max_restarts} times")
-        else:
-            idle.append(worker)
+        except RayActorError:
+            if worker.failures <= self.max_restarts:
+                time.sleep(0.1)
+                run.probes[worker.handle.pid.remote()] = worker
+                return
+            worker.alive = False
+        if worker.alive:
+            run.idle.append(worker)
+        elif not any(w.alive for w in self.workers):
+            raise RuntimeError(f"every rollout worker died and ran out of restarts (max_restarts={self.max_restarts})")
 
-    def _restart_event(self, worker: _Worker, reason: str) -> None:
+    def _restart_event(self, worker: _Worker) -> None:
         self.restarts += 1
         now = time.time()
         self._events.append(TimelineEvent(worker.name, "restart", now, now))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pipelines.run import build_orchestrator
@@ -68,7 +70,17 @@ def test_a_killed_rollout_actor_restarts_and_the_run_finishes(ray_cluster):
 
     def kill_at_step_3(step: int, metrics: dict[str, float]) -> None:
         if step == 3:
-            ray.kill(state["orch"].rollout_actors[0], no_restart=False)
+            actor = state["orch"].rollout_actors[0]
+            old_pid = ray.get(actor.pid.remote())
+            ray.kill(actor, no_restart=False)
+            # Hold the driver until the new process is up, so it has work left to do
+            # (otherwise rollout-1 alone may finish these short batches first).
+            while True:
+                try:
+                    if ray.get(actor.pid.remote(), timeout=60) != old_pid:
+                        break
+                except ray.exceptions.RayActorError:
+                    time.sleep(0.1)
 
     orch = build("trainer.steps=12", "orchestrator.eval_every=0", *lagged, on_metrics=kill_at_step_3)
     state["orch"] = orch
