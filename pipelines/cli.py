@@ -148,7 +148,7 @@ def sweep(
 
     def on_trial(row: dict) -> None:
         value = "—" if row["value"] is None else f"{row['value']:.4f}"
-        params = ", ".join(f"{k}={v}" for k, v in row["params"].items())
+        params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
         console.print(f"  trial {row['number']:>3} {row['state']:<8} {value:>8}  {params}", highlight=False)
 
     try:
@@ -165,12 +165,16 @@ def sweep(
         table.add_column(column)
     for rank, row in enumerate(result.rows, 1):
         value = "" if row["value"] is None else f"{row['value']:.4f}"
-        params = (str(row["params"].get(k, "")) for k in spec.space)
+        params = (_short(row["params"].get(k, "")) for k in spec.space)
         table.add_row(str(rank), str(row["number"]), row["state"], value, *params)
     console.print(table)
     done = "complete" if result.complete else f"partial ({len(result.rows)}/{spec.num_trials}): run it again to resume"
     console.print(f"{done}. MLflow parent run {result.parent_run_id} in {result.tracking_uri}; study {result.storage}")
     console.print("Compare trials: [bold]asyncrlhf ui[/] (open the parent run, or filter on tags.sweep.name)")
+
+
+def _short(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 @app.command()
