@@ -124,7 +124,7 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
         timeout_s=orch.timeout_s,
     )  # fmt: skip
     if spec.runtime.kind == "ray":
-        from asyncrlhf.distributed import ActorResources, RayOrchestrator
+        from asyncrlhf.distributed import RayOrchestrator
 
         tokenizer = load_tokenizer(path)
         task = _task(spec, tokenizer)
@@ -133,8 +133,8 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
             task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
             eval_problems=task.eval_problems(), max_new_tokens=rollout.max_new_tokens, workers=rollout.workers,
-            rollout_resources=ActorResources(runtime.rollout.num_cpus, runtime.rollout.num_gpus, runtime.torch_threads),
-            trainer_resources=ActorResources(runtime.trainer.num_cpus, runtime.trainer.num_gpus, runtime.torch_threads),
+            rollout_resources=_resources(runtime.rollout, runtime.torch_threads),
+            trainer_resources=_resources(runtime.trainer, runtime.torch_threads),
             max_restarts=runtime.max_restarts, seed=spec.seed + 1, **common,
         )  # fmt: skip
     device = _device(spec)
@@ -146,6 +146,12 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
         eval_problems=task.eval_problems(), **common,
     )  # fmt: skip
+
+
+def _resources(actor: Any, default_threads: int | None) -> Any:
+    from asyncrlhf.distributed import ActorResources
+
+    return ActorResources(actor.num_cpus, actor.num_gpus, actor.torch_threads or default_threads)
 
 
 def _actor_engine(spec: ExperimentSpec, path: str, worker: int) -> Any:

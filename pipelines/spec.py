@@ -178,6 +178,9 @@ class OrchestratorSpec(_Section):
 class ActorSpec(_Section):
     num_cpus: float = Field(1.0, gt=0, description="CPUs the actor reserves (fractions allowed).")
     num_gpus: float = Field(0.0, ge=0, description="GPUs the actor reserves (fractions allowed).")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch threads of this actor (null: runtime.torch_threads, else its num_cpus)."
+    )
 
 
 class RuntimeSpec(_Section):

@@ -104,8 +104,9 @@ class _RunState:
     inflight: dict[Any, tuple[_Worker, _Chunk, Any]] = field(default_factory=dict)  # meta ref → chunk
     done: dict[int, dict[int, Any]] = field(default_factory=lambda: defaultdict(dict))  # batch → chunk → ref
     probes: dict[Any, _Worker] = field(default_factory=dict)  # pid probe ref → worker coming back
-    train_ref: Any = None
-    next_train: int = 0
+    training: deque[Any] = field(default_factory=deque)  # submitted trainer steps, oldest first
+    next_submit: int = 0  # the next batch to hand to the trainer
+    next_train: int = 0  # the next trainer step to finish
     samples: int = 0
     tokens: int = 0
 
@@ -231,17 +232,22 @@ class RayOrchestrator:
         run = _RunState(num_steps, _split(self.prompts_per_step, self.num_workers), deque(self.workers), time.time())
         while run.next_train < num_steps:
             self._dispatch(run)
-            # Train on the next batch as soon as all its chunks are in.
-            if run.train_ref is None and len(run.done.get(run.next_train, {})) == len(run.sizes):
-                chunks = run.done.pop(run.next_train)
-                run.train_ref = self.trainer.train.remote(run.next_train, *(chunks[c] for c in range(len(run.sizes))))
-            waitable = [*run.inflight, *run.probes] + ([run.train_ref] if run.train_ref is not None else [])
+            # Hand the trainer the next batch as soon as all its chunks are in. Up to two
+            # steps are queued on the trainer actor, so it starts the next one (and Ray
+            # fetches its data) without waiting for the driver's round trip.
+            while len(run.training) < 2 and len(run.done.get(run.next_submit, {})) == len(run.sizes):
+                chunks = run.done.pop(run.next_submit)
+                ordered = [chunks[c] for c in range(len(chunks))]
+                run.training.append(self.trainer.train.remote(run.next_submit, *ordered))
+                run.next_submit += 1
+            head = list(run.training)[:1]  # trainer steps finish in order
+            waitable = [*run.inflight, *run.probes, *head]
             if not waitable:
                 raise RuntimeError("no rollout worker is left alive and no batch is training")
             ready, _ = ray.wait(waitable, num_returns=1, timeout=self.timeout_s)
             if not ready:
                 raise TimeoutError(f"nothing finished within {self.timeout_s}s (step {run.next_train})")
-            if ready[0] == run.train_ref:
+            if head and ready[0] == head[0]:
                 self._trained(run, history)
             elif ready[0] in run.probes:
                 self._probed(run, ready[0])
@@ -286,8 +292,7 @@ class RayOrchestrator:
 
     def _trained(self, run: _RunState, history: RunHistory) -> None:
         """A trainer step finished: record it, take its published weights, report."""
-        out = ray.get(run.train_ref)
-        run.train_ref = None
+        out = ray.get(run.training.popleft())
         now = time.time()
         run.samples += out["samples"]
         self._events += [TimelineEvent(*e) for e in out["events"]]
