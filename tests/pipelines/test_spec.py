@@ -4,10 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from pipelines.spec import ExperimentSpec, SpecError, flatten, load_spec, spec_hash
+from pipelines.spec import ExperimentSpec, SpecError, flatten, load_spec, load_sweep, spec_from_dict, spec_hash
 
-EXPERIMENTS = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
+SHIPPED = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
+SWEEPS = [p for p in SHIPPED if "space" in yaml.safe_load(p.read_text())]
+EXPERIMENTS = [p for p in SHIPPED if p not in SWEEPS]
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
@@ -16,6 +19,26 @@ def test_every_shipped_experiment_validates_and_names_its_command(path):
     assert spec.trainer.batch_size % spec.rollout.group_size == 0
     first = path.read_text().splitlines()[0]
     assert first.startswith("# asyncrlhf run experiments/") and path.name in first
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_every_shipped_sweep_validates_and_names_its_command(path):
+    sweep, base = load_sweep(path)
+    assert sweep.parallel == 2 and sweep.num_trials >= 4
+    assert spec_from_dict(base).runtime.kind == "local"
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# asyncrlhf sweep experiments/") and path.name in first
+
+
+def test_the_shipped_sweeps_cover_staleness_thresholds_group_sizes_and_tuning():
+    spaces = {p.stem: load_sweep(p)[0] for p in SWEEPS}
+    staleness = spaces["staleness_sweep"]
+    assert staleness.space == {"orchestrator.lag": [0, 4, 16, 64], "algorithm.name": ["grpo", "m2po"]}
+    assert "algorithm.m2_threshold" in spaces["m2po_threshold_sweep"].space
+    assert "rollout.group_size" in spaces["group_size_sweep"].space
+    tune = spaces["optuna_tune"]
+    assert tune.method == "optuna" and tune.prunes
+    assert {"trainer.lr", "algorithm.clip_eps", "algorithm.m2_threshold", "rollout.group_size"} <= set(tune.space)
 
 
 def test_the_quickstart_is_async_and_learns_on_the_tiny_model():
@@ -35,6 +58,13 @@ BAD = [
     ("orchestrator:\n  mode: lagged\n", ["orchestrator.lag"]),
     ("orchestrator:\n  mode: async\n  sync_every: 5\n", ["orchestrator.sync_every=5"]),
     ("- just\n- a list\n", ["mapping"]),
+    ("rollout:\n  workers: 2\n", ["rollout.workers=2", "runtime.kind 'ray'"]),
+    ("runtime:\n  address: auto\n", ["runtime", "address 'auto'", "kind 'ray'"]),
+    (
+        "runtime:\n  kind: ray\n  trainer:\n    num_cpus: 1.5\n",
+        ["runtime.trainer.num_cpus=1.5", "2.5", "runtime.num_cpus=2"],
+    ),
+    ("runtime:\n  kind: cluster\n", ["runtime.kind", "'cluster'"]),
 ]
 
 
