@@ -61,7 +61,7 @@ BAD = [
     ("rollout:\n  workers: 2\n", ["rollout.workers=2", "runtime.kind 'ray'"]),
     ("runtime:\n  address: auto\n", ["runtime", "address 'auto'", "kind 'ray'"]),
     (
-        "runtime:\n  kind: ray\n  trainer:\n    num_cpus: 1.5\n",
+        "rollout:\n  workers: 2\nruntime:\n  kind: ray\n  trainer:\n    num_cpus: 1.5\n",
         ["runtime.trainer.num_cpus=1.5", "2.5", "runtime.num_cpus=2"],
     ),
     ("runtime:\n  kind: cluster\n", ["runtime.kind", "'cluster'"]),
