@@ -110,7 +110,9 @@ class RolloutActor:
             self.events.append((self.name, "wait", start, time.time()))
             self.checksum = self.worker.load_snapshot(Snapshot(version, state, checksum))
             self.loaded = version
-        self.worker.engine.reseed(seed)
+        reseed = getattr(self.worker.engine, "reseed", None)  # optional: EngineBase has it
+        if reseed is not None:
+            reseed(seed)
         experiences = self.worker.generate_batch(problems, key_prefix=key)
         meta = {
             "worker": self.name,
