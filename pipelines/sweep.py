@@ -22,6 +22,7 @@ that raises, or whose actor dies, is recorded as failed and the sweep goes on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import hashlib
@@ -45,7 +46,7 @@ from pipelines.tracking import Tracker, experiment_id_for, resolve_tracking_uri
 __all__ = ["STALENESS_KEYS", "SweepResult", "TrialRunner", "default_storage", "run_sweep"]
 
 STALENESS_KEYS = ("orchestrator.lag", "buffer.max_staleness")
-_DONE_ATTR = "interrupted"
+_INTERRUPTED = "interrupted"
 
 
 class TrialStopped(Exception):
@@ -173,7 +174,7 @@ def _recover(study: Any, client: Any) -> None:
     from optuna.trial import TrialState
 
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(frozen._trial_id, _DONE_ATTR, True)
+        study._storage.set_trial_user_attr(frozen._trial_id, _INTERRUPTED, True)
         study.tell(frozen.number, state=TrialState.FAIL)
         study.enqueue_trial(frozen.params)
         run_id = frozen.user_attrs.get("mlflow_run_id")
@@ -196,7 +197,7 @@ def _counted(study: Any) -> list[Any]:
     from optuna.trial import TrialState
 
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return [t for t in study.get_trials(deepcopy=False, states=done) if not t.user_attrs.get(_DONE_ATTR)]
+    return [t for t in study.get_trials(deepcopy=False, states=done) if not t.user_attrs.get(_INTERRUPTED)]
 
 
 def _parent_run(client: Any, sweep: SweepSpec, study: Any, tracking: TrackingSpec, uri: str, storage: str) -> str:
@@ -241,6 +242,7 @@ def run_sweep(
     import ray
     from mlflow import MlflowClient
     from optuna.trial import TrialState
+    from ray.exceptions import RayActorError
 
     total = ray.cluster_resources()
     for resource, need in [("CPU", sweep.trial_resources.num_cpus), ("GPU", sweep.trial_resources.num_gpus)]:
@@ -338,11 +340,12 @@ def run_sweep(
             for ref in ready:
                 finish(ref, running.pop(ref))
             for job in running.values():
-                drain(job)
+                with contextlib.suppress(RayActorError):  # its actor died: finish() records the failure
+                    drain(job)
     except BaseException:
         for job in running.values():  # cut off: failed as interrupted, their params queued again
             ray.kill(job.actor)
-            study._storage.set_trial_user_attr(job.trial._trial_id, _DONE_ATTR, True)
+            study._storage.set_trial_user_attr(job.trial._trial_id, _INTERRUPTED, True)
             study.tell(job.trial, state=TrialState.FAIL)
             study.enqueue_trial(job.params)
             _end_run(client, job.tracker.run_id, "KILLED", "interrupted")
