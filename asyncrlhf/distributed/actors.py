@@ -29,7 +29,7 @@ import torch
 from asyncrlhf.buffers import GroupAwareReplayBuffer
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
-from asyncrlhf.orchestration.orchestrator import train_on
+from asyncrlhf.orchestration.orchestrator import Schedule, train_on
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.orchestration.weights import Snapshot
 from asyncrlhf.rollout.worker import RolloutWorker
@@ -130,10 +130,9 @@ class TrainerActor:
 
     Args:
         trainer_factory: builds the :class:`~asyncrlhf.training.TrainerWorker`.
-        group_size, prompts_per_step: G and the groups of one trainer step.
-        bound: the staleness bound the buffer enforces (0 in sync, k in lagged).
-        publish_every: publish weights after every this many steps (async's ``sync_every``).
-        eval_problems, eval_every, max_new_tokens: held-out greedy evaluation.
+        schedule: the run's schedule: G, groups per step, the staleness bound the buffer
+            enforces, how often to publish and to evaluate.
+        eval_problems, max_new_tokens: held-out greedy evaluation.
         eos_token_id, pad_token_id: of the tokenizer.
         scale_advantages: GRPO's std scaling.
         torch_threads: intra-op threads of this process.
@@ -142,12 +141,8 @@ class TrainerActor:
     def __init__(
         self,
         trainer_factory: Callable[[], Any],
-        group_size: int,
-        prompts_per_step: int,
-        bound: int,
-        publish_every: int,
+        schedule: Schedule,
         eval_problems: list[Problem],
-        eval_every: int,
         max_new_tokens: int,
         eos_token_id: int,
         pad_token_id: int,
@@ -158,14 +153,14 @@ class TrainerActor:
         self.trainer = trainer_factory()
         self.versions = VersionManager(initial=self.trainer.version)
         self.trainer.versions = self.versions
-        self.prompts_per_step = prompts_per_step
-        self.publish_every = publish_every
+        self.schedule = schedule
+        self.prompts_per_step = schedule.prompts_per_step
+        bound = schedule.bound
         self.buffer = GroupAwareReplayBuffer(
-            group_size, max_groups=prompts_per_step * (bound + 2), max_staleness=bound, version=self.versions,
-            scale_advantages=scale_advantages,
+            schedule.group_size, max_groups=self.prompts_per_step * (bound + 2), max_staleness=bound,
+            version=self.versions, scale_advantages=scale_advantages,
         )  # fmt: skip
         self.eval_problems = eval_problems
-        self.eval_every = eval_every
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.eval_engine = greedy_engine(self.trainer.model, eos_token_id, pad_token_id, max_new_tokens)
 
@@ -195,11 +190,11 @@ class TrainerActor:
         metrics, staleness = train_on(self.trainer, experiences, self.buffer)
         events: list[Event] = [("trainer", "train", start, time.time())]
         published = None
-        if self.trainer.version % self.publish_every == 0:
+        if self.trainer.version % self.schedule.publish_every == 0:
             begin = time.time()
             published = self.publish()
             events.append(("trainer", "publish", begin, time.time()))
-        if self.eval_every and (step + 1) % self.eval_every == 0:
+        if self.schedule.evaluates_after(step):
             begin = time.time()
             metrics["eval/accuracy"] = self.evaluate()
             events.append(("trainer", "eval", begin, time.time()))

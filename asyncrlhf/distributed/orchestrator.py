@@ -36,8 +36,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
-from asyncrlhf.orchestration.orchestrator import MODES
-from asyncrlhf.rollout.worker import WeightPolicy
+from asyncrlhf.orchestration.orchestrator import Schedule
 from asyncrlhf.tasks.base import Problem
 
 __all__ = ["ActorResources", "RayOrchestrator", "SyncRecord"]
@@ -158,44 +157,26 @@ class RayOrchestrator:
         max_restarts: int = 3,
         seed: int = 0,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not ray.is_initialized():
             raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
-        self.mode = mode
-        self.group_size = check_positive_int("group_size", group_size)
-        self.prompts_per_step = check_positive_int("prompts_per_step", prompts_per_step)
-        self.max_staleness = check_nonnegative_int("max_staleness", max_staleness)
-        self.sync_every = check_positive_int("sync_every", sync_every)
-        self.lag = check_nonnegative_int("lag", lag)
-        self.eval_every = check_nonnegative_int("eval_every", eval_every)
+        self.schedule = Schedule(mode, group_size, prompts_per_step, max_staleness, sync_every, lag, eval_every)
         self.num_workers = check_positive_int("workers", workers)
         self.max_restarts = check_nonnegative_int("max_restarts", max_restarts)
-        if mode == "async" and self.sync_every > self.max_staleness + 1:
-            raise ValueError(
-                f"sync_every={sync_every} > max_staleness + 1 = {max_staleness + 1}: the rollout workers "
-                "could never get weights fresh enough for the next batch"
-            )
         _check_capacity(workers, rollout_resources, trainer_resources)
         self.problems = problems
         self.on_metrics = on_metrics
         self.timeout_s = timeout_s
         self.verify_sync = verify_sync
         self.seed = seed
-        if mode == "async":
-            self.policy = WeightPolicy("bounded", max_staleness=self.max_staleness)
-        else:
-            self.policy = WeightPolicy("exact", lag=self.lag if mode == "lagged" else 0)
-        bound = {"sync": 0, "async": self.max_staleness, "lagged": self.lag}[mode]
-        self._keep = bound + 2  # published versions a queued chunk may still need
+        self.policy = self.schedule.policy
+        self._keep = self.schedule.bound + 2  # published versions a queued chunk may still need
 
         trainer_cls = ray.remote(max_restarts=0)(TrainerActor)
         self.trainer = trainer_cls.options(
-            num_cpus=trainer_resources.num_cpus, num_gpus=trainer_resources.num_gpus, name=None
+            num_cpus=trainer_resources.num_cpus, num_gpus=trainer_resources.num_gpus
         ).remote(
-            trainer_factory, group_size, prompts_per_step, bound, self.sync_every if mode == "async" else 1,
-            eval_problems or [], eval_every, max_new_tokens, eos_token_id, pad_token_id, scale_advantages,
-            trainer_resources.threads(),
+            trainer_factory, self.schedule, eval_problems or [], max_new_tokens, eos_token_id, pad_token_id,
+            scale_advantages, trainer_resources.threads(),
         )  # fmt: skip
         rollout_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0)(RolloutActor)
         self.workers = [_Worker(i, None) for i in range(self.num_workers)]
@@ -217,7 +198,7 @@ class RayOrchestrator:
     def run(self, num_steps: int) -> RunHistory:
         """Train for ``num_steps`` trainer steps; returns the run's history."""
         check_positive_int("num_steps", num_steps)
-        history = RunHistory(mode=self.mode)
+        history = RunHistory(mode=self.schedule.mode)
         # Actors build their models in the background; throughput and bubbles are
         # measured from the moment all of them are up (start-up is reported apart).
         begin = time.time()
@@ -226,10 +207,11 @@ class RayOrchestrator:
             worker.pid = self._get(worker.handle.pid.remote())
         self._t0 = time.time()
         startup = self._t0 - begin
-        if self.eval_every:
+        if self.schedule.eval_every:
             history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
 
-        run = _RunState(num_steps, _split(self.prompts_per_step, self.num_workers), deque(self.workers), time.time())
+        sizes = _split(self.schedule.prompts_per_step, self.num_workers)
+        run = _RunState(num_steps, sizes, deque(self.workers), time.time())
         while run.next_train < num_steps:
             self._dispatch(run)
             # Hand the trainer the next batch as soon as all its chunks are in. Up to two

@@ -2,7 +2,7 @@
 
 from asyncrlhf.orchestration.evaluate import evaluate_accuracy
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
-from asyncrlhf.orchestration.orchestrator import MODES, Orchestrator
+from asyncrlhf.orchestration.orchestrator import MODES, Orchestrator, Schedule
 from asyncrlhf.orchestration.prompts import PromptQueue, PromptQueueClosed
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreClosed
@@ -13,6 +13,7 @@ __all__ = [
     "PromptQueue",
     "PromptQueueClosed",
     "RunHistory",
+    "Schedule",
     "Snapshot",
     "TimelineEvent",
     "VersionManager",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -39,11 +40,62 @@ from asyncrlhf.tasks.base import Problem
 from asyncrlhf.training.trainer import TrainerWorker
 from asyncrlhf.types import Experience
 
-__all__ = ["MODES", "Orchestrator", "train_on"]
+__all__ = ["MODES", "Orchestrator", "Schedule", "train_on"]
 
 MODES = ("sync", "async", "lagged")
 Mode = Literal["sync", "async", "lagged"]
 MetricsCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How rollout and training interleave, validated once for every runtime.
+
+    ``bound`` is the staleness the buffer enforces (0 in sync, max_staleness in async,
+    k in lagged); ``policy`` says which weights batch n is generated with;
+    ``publish_every`` how often the trainer publishes (async's ``sync_every``, else 1).
+    """
+
+    mode: str = "sync"
+    group_size: int = 8
+    prompts_per_step: int = 16
+    max_staleness: int = 1
+    sync_every: int = 1
+    lag: int = 0
+    eval_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_positive_int("group_size", self.group_size)
+        check_positive_int("prompts_per_step", self.prompts_per_step)
+        check_nonnegative_int("max_staleness", self.max_staleness)
+        check_positive_int("sync_every", self.sync_every)
+        check_nonnegative_int("lag", self.lag)
+        check_nonnegative_int("eval_every", self.eval_every)
+        if self.mode == "async" and self.sync_every > self.max_staleness + 1:
+            raise ValueError(
+                f"sync_every={self.sync_every} > max_staleness + 1 = {self.max_staleness + 1}: the rollout "
+                "workers could never get weights fresh enough for the next batch"
+            )
+
+    @property
+    def bound(self) -> int:
+        return {"sync": 0, "async": self.max_staleness, "lagged": self.lag}[self.mode]
+
+    @property
+    def policy(self) -> WeightPolicy:
+        if self.mode == "async":
+            return WeightPolicy("bounded", max_staleness=self.max_staleness)
+        return WeightPolicy("exact", lag=self.lag if self.mode == "lagged" else 0)
+
+    @property
+    def publish_every(self) -> int:
+        return self.sync_every if self.mode == "async" else 1
+
+    def evaluates_after(self, step: int) -> bool:
+        """Whether held-out evaluation follows trainer step ``step`` (0-based)."""
+        return bool(self.eval_every) and (step + 1) % self.eval_every == 0
 
 
 def train_on(trainer: TrainerWorker, experiences: list[Experience], buffer: Any) -> tuple[dict[str, float], list[int]]:
@@ -113,20 +165,7 @@ class Orchestrator:
         on_metrics: MetricsCallback | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.mode = mode
-        self.group_size = check_positive_int("group_size", group_size)
-        self.prompts_per_step = check_positive_int("prompts_per_step", prompts_per_step)
-        self.max_staleness = check_nonnegative_int("max_staleness", max_staleness)
-        self.sync_every = check_positive_int("sync_every", sync_every)
-        self.lag = check_nonnegative_int("lag", lag)
-        self.eval_every = check_nonnegative_int("eval_every", eval_every)
-        if mode == "async" and self.sync_every > self.max_staleness + 1:
-            raise ValueError(
-                f"sync_every={sync_every} > max_staleness + 1 = {max_staleness + 1}: the rollout worker "
-                "could never get weights fresh enough for the next batch"
-            )
+        self.schedule = Schedule(mode, group_size, prompts_per_step, max_staleness, sync_every, lag, eval_every)
         self.engine = engine
         self.trainer = trainer
         self.eos_token_id = eos_token_id
@@ -138,7 +177,7 @@ class Orchestrator:
 
         self.versions = VersionManager(initial=trainer.version)
         trainer.versions = self.versions
-        bound = {"sync": 0, "async": self.max_staleness, "lagged": self.lag}[mode]
+        bound = self.schedule.bound
         self.buffer = GroupAwareReplayBuffer(
             group_size,
             max_groups=prompts_per_step * (bound + 2),
@@ -146,16 +185,12 @@ class Orchestrator:
             version=self.versions,
             scale_advantages=scale_advantages,
         )
-        self.weights = WeightStore(keep=self.lag + 2 if mode == "lagged" else 2)
-        if mode == "async":
-            policy = WeightPolicy("bounded", max_staleness=self.max_staleness)
-        else:
-            policy = WeightPolicy("exact", lag=self.lag if mode == "lagged" else 0)
+        self.weights = WeightStore(keep=lag + 2 if mode == "lagged" else 2)
         self._events: list[TimelineEvent] = []
         self._events_lock = threading.Lock()
         self.worker = RolloutWorker(
             engine, problems, reward_fn, self.buffer, group_size, prompts_per_step,
-            eos_token_id, pad_token_id, weights=self.weights, policy=policy,
+            eos_token_id, pad_token_id, weights=self.weights, policy=self.schedule.policy,
             verify_sync=verify_sync, on_event=self._record,
         )  # fmt: skip
 
@@ -163,14 +198,14 @@ class Orchestrator:
     def run(self, num_steps: int) -> RunHistory:
         """Train for ``num_steps`` trainer steps; returns the run's history."""
         check_positive_int("num_steps", num_steps)
-        history = RunHistory(mode=self.mode)
+        history = RunHistory(mode=self.schedule.mode)
         self._t0 = time.perf_counter()
         self._trained_samples = 0
         self._publish()
         self.worker.sync_weights(0, timeout=self.timeout_s, force=True)
-        if self.eval_every:
+        if self.schedule.eval_every:
             history.initial_metrics["eval/accuracy"] = self._evaluate()
-        if self.mode == "sync":
+        if self.schedule.mode == "sync":
             for step in range(num_steps):
                 self.worker.step(step, timeout=self.timeout_s)
                 self._train_step(step, history)
@@ -225,7 +260,7 @@ class Orchestrator:
         experiences = [e for group in groups for e in group]
         metrics, staleness = train_on(self.trainer, experiences, self.buffer)
         self._record("trainer", "train", waited, time.perf_counter())
-        if self.mode != "async" or self.trainer.version % self.sync_every == 0:
+        if self.trainer.version % self.schedule.publish_every == 0:
             self._publish()
         self._trained_samples += len(experiences)
 
@@ -238,7 +273,7 @@ class Orchestrator:
                 "time/step_s": now - start,
             }
         )
-        if self.eval_every and (step + 1) % self.eval_every == 0:
+        if self.schedule.evaluates_after(step):
             metrics["eval/accuracy"] = self._evaluate()
         history.steps.append(metrics)
         history.staleness.append(staleness)
@@ -248,12 +283,13 @@ class Orchestrator:
     def _collect(self, failure: list[BaseException] | None) -> list[list[Experience]]:
         groups: list[list[Experience]] = []
         deadline = time.monotonic() + self.timeout_s
-        while len(groups) < self.prompts_per_step:
+        wanted = self.schedule.prompts_per_step
+        while len(groups) < wanted:
             if failure:
                 raise RuntimeError(f"rollout worker failed: {failure[0]!r}") from failure[0]
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no full batch within {self.timeout_s}s (have {len(groups)} groups)")
-            groups += self.buffer.sample(self.prompts_per_step - len(groups), timeout=0.05)
+            groups += self.buffer.sample(wanted - len(groups), timeout=0.05)
         return groups
 
     def _publish(self) -> None:
