@@ -22,7 +22,7 @@ from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
 from pipelines.spec import ExperimentSpec
 
-__all__ = ["RunResult", "build_orchestrator", "run_experiment", "seed_everything"]
+__all__ = ["RunResult", "build_orchestrator", "build_task", "run_experiment", "seed_everything", "tiny_configs"]
 
 MetricsCallback = Callable[[int, dict[str, float]], None]
 
@@ -53,10 +53,15 @@ def _device(spec: ExperimentSpec) -> str:
 
 
 def _policy_path(spec: ExperimentSpec) -> str:
+    if spec.model.kind == "pretrained":
+        assert spec.model.path is not None
+        return spec.model.path
+    return str(pretrained_policy(*tiny_configs(spec)))
+
+
+def tiny_configs(spec: ExperimentSpec) -> tuple[TinyModelConfig, WarmStartConfig]:
+    """The core configs of the spec's tiny model and its warm start."""
     model = spec.model
-    if model.kind == "pretrained":
-        assert model.path is not None
-        return model.path
     tiny = TinyModelConfig(
         hidden_size=model.hidden_size,
         intermediate_size=model.intermediate_size,
@@ -69,15 +74,22 @@ def _policy_path(spec: ExperimentSpec) -> str:
         steps=model.warm_start.steps,
         batch_size=model.warm_start.batch_size,
         lr=model.warm_start.lr,
-        seed=spec.seed,
+        seed=model.warm_start.seed,
     )
-    return str(pretrained_policy(tiny, warm))
+    return tiny, warm
 
 
-def _task(spec: ExperimentSpec, tokenizer: Any) -> Any:
+def build_task(spec: ExperimentSpec, tokenizer: Any) -> Any:
+    """The spec's verifiable task."""
     if spec.task.kind == "addition":
-        return AdditionTask(tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size)
-    return JsonlTask(tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed)
+        return AdditionTask(
+            tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size,
+            eval_seed=spec.task.eval_seed,
+        )  # fmt: skip
+    return JsonlTask(
+        tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed,
+        eval_seed=spec.task.eval_seed,
+    )  # fmt: skip
 
 
 def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
@@ -127,7 +139,7 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
         from asyncrlhf.distributed import RayOrchestrator
 
         tokenizer = load_tokenizer(path)
-        task = _task(spec, tokenizer)
+        task = build_task(spec, tokenizer)
         runtime = spec.runtime
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
@@ -139,7 +151,7 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
-    task = _task(spec, tokenizer)
+    task = build_task(spec, tokenizer)
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
     return Orchestrator(

@@ -56,9 +56,15 @@ class _Section(BaseModel):
 
 
 class WarmStartSpec(_Section):
-    steps: int = Field(600, ge=0, description="Supervised warm-start steps on the addition task (0: none).")
+    """The defaults are those of the shipped start checkpoint (loaded, not trained);
+    any other setting builds and caches its own warm start on first use."""
+
+    steps: int = Field(550, ge=0, description="Supervised warm-start steps on the addition task (0: none).")
     batch_size: int = Field(128, ge=1, description="Problems per warm-start step.")
     lr: float = Field(3e-3, gt=0, description="Warm-start AdamW learning rate.")
+    seed: int = Field(
+        0, ge=0, description="Seeds the warm start; apart from the run's seed, so seeds vary the RL run, not its start."
+    )
 
 
 class ModelSpec(_Section):
@@ -90,6 +96,9 @@ class TaskSpec(_Section):
     kind: Literal["addition", "jsonl"] = Field("addition", description="The verifiable task.")
     digits: int = Field(2, ge=1, le=6, description="Addition: digits per operand.")
     eval_size: int = Field(200, ge=1, description="Addition: held-out problems.")
+    eval_seed: int = Field(
+        0, ge=0, description="Seeds the held-out draw (addition) or split (JSONL); fixed across run seeds."
+    )
     path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines.")
     eval_path: str | None = Field(None, description="JSONL: separate evaluation file (else a held-out share).")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL: share held out when no eval_path.")

@@ -1,14 +1,22 @@
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
+from dataclasses import asdict
+
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from asyncrlhf.models import (
+    SHIPPED_POLICY,
+    TinyModelConfig,
     WarmStartConfig,
     build_char_tokenizer,
     load_pretrained,
     pretrained_policy,
+    shipped_policy,
     token_logprobs,
     weights_checksum,
 )
@@ -53,3 +61,62 @@ def test_token_logprobs_apply_the_temperature():
     token = torch.tensor([0])
     assert token_logprobs(logits, token, 1.0).item() == pytest.approx(torch.log_softmax(logits, -1)[0, 0].item())
     assert token_logprobs(logits, token, 2.0).item() == pytest.approx(torch.log_softmax(logits / 2, -1)[0, 0].item())
+
+
+# ---------------------------------------------------------------- the shipped start checkpoint
+SHIPPED_ACCURACY = 0.405  # documented in the README: 81 of 200 held-out 2-digit additions
+
+
+def test_the_default_policy_is_the_shipped_checkpoint_and_needs_no_training(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCRLHF_CACHE", str(tmp_path))  # a build would land here
+    assert pretrained_policy() == SHIPPED_POLICY
+    assert not (tmp_path / "models").exists()
+    manifest = json.loads((SHIPPED_POLICY / "asyncrlhf.json").read_text())
+    assert manifest["model"] == asdict(TinyModelConfig()) and manifest["warm_start"] == asdict(WarmStartConfig())
+    assert manifest["sha256"] == hashlib.sha256((SHIPPED_POLICY / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_the_spec_defaults_are_the_shipped_checkpoint_configs():
+    from pipelines.run import tiny_configs
+    from pipelines.spec import ExperimentSpec
+
+    assert tiny_configs(ExperimentSpec()) == (TinyModelConfig(), WarmStartConfig())
+    # the run's seed varies the RL run, never the start checkpoint
+    assert tiny_configs(ExperimentSpec(seed=7)) == (TinyModelConfig(), WarmStartConfig())
+
+
+def test_the_shipped_checkpoint_has_its_documented_greedy_accuracy_exactly():
+    # Greedy decoding of fixed weights on fixed problems: the same on every CPU kernel
+    # setting tried (native AVX-512, ATEN_CPU_CAPABILITY=avx2 and =default, each with
+    # MKL and oneDNN capped alike gave the same 200 responses, byte for byte).
+    from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
+    from asyncrlhf.tasks import AdditionTask
+
+    model, tokenizer = load_pretrained(shipped_policy())
+    problems = AdditionTask(tokenizer, digits=2, seed=3, eval_size=200, eval_seed=0).eval_problems()
+    engine = greedy_engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens=5)
+    accuracy = evaluate_accuracy(engine, problems, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert accuracy == SHIPPED_ACCURACY
+    manifest = json.loads((SHIPPED_POLICY / "asyncrlhf.json").read_text())
+    assert manifest["eval"]["greedy_accuracy"] == SHIPPED_ACCURACY and manifest["eval"]["eval_seed"] == 0
+
+
+def test_a_corrupted_shipped_checkpoint_is_refused(tmp_path):
+    copy = tmp_path / "tiny-addition"
+    shutil.copytree(SHIPPED_POLICY, copy)
+    weights = bytearray((copy / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(ValueError, match=r"SHA-256 .* does not match"):
+        shipped_policy(copy)
+    (copy / "asyncrlhf.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"asyncrlhf\.json"):
+        shipped_policy(copy)
+
+
+def test_other_warm_start_settings_are_built_and_cached(tmp_path):
+    warm = WarmStartConfig(steps=2, batch_size=4)
+    path = pretrained_policy(TinyModelConfig(), warm, cache=tmp_path)
+    assert path != SHIPPED_POLICY and path.parent == tmp_path / "models"
+    manifest = json.loads((path / "asyncrlhf.json").read_text())
+    assert manifest["warm_start"]["steps"] == 2 and len(manifest["sha256"]) == 64

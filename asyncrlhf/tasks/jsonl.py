@@ -16,8 +16,9 @@ __all__ = ["JsonlTask"]
 class JsonlTask:
     """Each line: ``{"prompt": str, "answer": str}`` (an optional ``"id"`` too).
 
-    A seeded share of the lines (``eval_fraction``) is held out for evaluation, or a
-    separate ``eval_path`` file gives the evaluation set.
+    A seeded share of the lines (``eval_fraction``, drawn by ``eval_seed``, default
+    ``seed``) is held out for evaluation, or a separate ``eval_path`` file gives the
+    evaluation set. ``seed`` orders the training stream.
     """
 
     def __init__(
@@ -27,9 +28,11 @@ class JsonlTask:
         eval_path: str | Path | None = None,
         eval_fraction: float = 0.1,
         seed: int = 0,
+        eval_seed: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.seed = check_nonnegative_int("seed", seed)
+        split_seed = seed if eval_seed is None else check_nonnegative_int("eval_seed", eval_seed)
         rows = self._read(Path(path))
         if eval_path is not None:
             self._train, self._eval = rows, self._read(Path(eval_path))
@@ -37,7 +40,7 @@ class JsonlTask:
             if not 0.0 <= eval_fraction < 1.0:
                 raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction!r}")
             shuffled = rows[:]
-            random.Random(seed).shuffle(shuffled)
+            random.Random(split_seed).shuffle(shuffled)
             cut = int(len(shuffled) * eval_fraction)
             self._eval, self._train = shuffled[:cut], shuffled[cut:]
         if not self._train:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
+from asyncrlhf.models import load_pretrained
 from pipelines.run import run_experiment
 from pipelines.spec import load_spec
 from tests.pipelines.conftest import REPO, cli, env
@@ -93,3 +95,21 @@ def test_a_failing_run_is_marked_failed_with_its_error(store):
 def test_schema_command_prints_json_schema():
     done = subprocess.run([*cli(), "schema"], capture_output=True, text=True, env=env())
     assert done.returncode == 0 and '"ExperimentSpec"' in done.stdout
+
+
+def test_warmstart_builds_a_measured_checkpoint_and_never_overwrites(store, tmp_path):
+    out = tmp_path / "start"
+    args = [*cli(), "warmstart", "--out", str(out), "--set", "model.warm_start.steps=3",
+            "--set", "model.warm_start.batch_size=8", "--set", "task.eval_size=20"]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, env=env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((out / "asyncrlhf.json").read_text())
+    assert manifest["warm_start"]["steps"] == 3 and manifest["eval"]["eval_size"] == 20
+    accuracy = manifest["eval"]["greedy_accuracy"]
+    assert 0.0 <= accuracy <= 1.0 and f"held-out greedy accuracy {accuracy:.3f}" in done.stdout
+    model, _ = load_pretrained(out)  # a Hugging Face directory that runs can point at
+    assert sum(p.numel() for p in model.parameters()) > 0
+    again = subprocess.run(args, capture_output=True, text=True, env=env())
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert json.loads((out / "asyncrlhf.json").read_text()) == manifest
+    assert runs(store) == []  # building a start checkpoint is not a run
