@@ -172,7 +172,7 @@ def sweep(
     """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
     from asyncrlhf.distributed import ray_runtime
     from pipelines.spec import load_sweep
-    from pipelines.sweep import run_sweep
+    from pipelines.sweep import format_value, run_sweep
 
     try:
         spec, base = load_sweep(sweep_file, set_ or [])
@@ -182,14 +182,15 @@ def sweep(
     if max_trials is not None and max_trials < 1:
         errors.print(f"[bold red]error:[/] --max-trials must be ≥ 1, got {max_trials}")
         raise typer.Exit(2)
+    seeds = f" × {len(spec.seeds)} seeds" if spec.seeds else ""
     console.print(
-        f"[bold]{spec.name}[/]: {spec.method}, {spec.num_trials} trials, {spec.parallel} in parallel — "
+        f"[bold]{spec.name}[/]: {spec.method}, {spec.num_trials} trials{seeds}, {spec.parallel} runs in parallel — "
         f"{spec.direction} {spec.objective}"
     )
 
     def on_trial(row: dict) -> None:
-        value = "—" if row["value"] is None else f"{row['value']:.4f}"
         params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
+        value = format_value(row) or "—"
         console.print(f"  trial {row['number']:>3} {row['state']:<8} {value:>8}  {params}", highlight=False)
 
     try:
@@ -201,13 +202,13 @@ def sweep(
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]: run the same command again to resume")
         raise typer.Exit(130) from None
-    table = Table(title=f"{spec.name}: trials by {spec.objective}")
-    for column in ["rank", "trial", "state", spec.objective, *spec.space]:
+    objective = f"{spec.objective} (mean ± 95% CI)" if spec.seeds else spec.objective
+    table = Table(title=f"{spec.name}: trials by {objective}")
+    for column in ["rank", "trial", "state", objective, *spec.space]:
         table.add_column(column)
     for rank, row in enumerate(result.rows, 1):
-        value = "" if row["value"] is None else f"{row['value']:.4f}"
         params = (_short(row["params"].get(k, "")) for k in spec.space)
-        table.add_row(str(rank), str(row["number"]), row["state"], value, *params)
+        table.add_row(str(rank), str(row["number"]), row["state"], format_value(row), *params)
     console.print(table)
     done = "complete" if result.complete else f"partial ({len(result.rows)}/{spec.num_trials}): run it again to resume"
     console.print(f"{done}. MLflow parent run {result.parent_run_id} in {result.tracking_uri}; study {result.storage}")

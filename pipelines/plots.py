@@ -78,42 +78,54 @@ def plot_timeline(history: RunHistory, path: Path) -> None:
 def plot_objective(
     rows: list[dict[str, Any]], keys: list[str], objective: str, log_keys: set[str], title: str, path: Path
 ) -> None:
-    """A sweep's objective against each swept field (one panel per field, one dot per trial)."""
+    """A sweep's objective against each swept field (one panel per field, one point per
+    configuration; with seeds, the seed mean with its 95% CI as an error bar)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         values = [r["params"][key] for r in rows]
         scores = [r["value"] for r in rows]
+        errors = [r.get("ci95") or 0.0 for r in rows]
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-            ax.scatter(values, scores, color="#4c78a8")
+            xs = values
             if key in log_keys:
                 ax.set_xscale("log")
         else:
             labels = sorted({str(v) for v in values})
-            ax.scatter([labels.index(str(v)) for v in values], scores, color="#4c78a8")
+            xs = [labels.index(str(v)) for v in values]
             ax.set_xticks(range(len(labels)), labels)
+        ax.errorbar(xs, scores, yerr=errors, fmt="o", color="#4c78a8", ecolor="#9ecae9", capsize=3)
         ax.set_xlabel(key)
         ax.set_ylabel(objective)
         ax.grid(alpha=0.3)
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_staleness(table: dict[str, dict[Any, float]], key: str, objective: str, title: str, path: Path) -> None:
-    """Final objective against staleness, one line per algorithm (``table[algo][k]``)."""
+def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, title: str, path: Path) -> None:
+    """Final objective against staleness, one line per algorithm (``table[algo][k]`` a
+    :class:`~pipelines.stats.SeedSummary`): the mean, with a 95% CI band where n > 1."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for algo, by_k in table.items():
-        ax.plot(list(by_k), list(by_k.values()), "o-", label=algo)
+        ks = list(by_k)
+        means = [s.mean for s in by_k.values()]
+        half = [s.ci95 if s.n > 1 else 0.0 for s in by_k.values()]
+        (line,) = ax.plot(ks, means, "o-", label=algo)
+        if any(half):
+            lows = [m - h for m, h in zip(means, half, strict=True)]
+            highs = [m + h for m, h in zip(means, half, strict=True)]
+            ax.fill_between(ks, lows, highs, color=line.get_color(), alpha=0.2)
+            ax.errorbar(ks, means, yerr=half, fmt="none", ecolor=line.get_color(), capsize=3)
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel(f"staleness ({key})")
     ax.set_ylabel(f"final {objective}")
     ax.grid(alpha=0.3)
     if table:
         ax.legend()
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -450,6 +450,12 @@ class SweepSpec(_Section):
     trials: int | None = Field(None, ge=1, description="Number of trials (grid: default the whole grid).")
     parallel: int = Field(2, ge=1, description="Trials running at the same time.")
     seed: int = Field(0, ge=0, description="Seeds the Optuna sampler.")
+    seeds: list[int] | None = Field(
+        None,
+        description="Run every configuration once per seed (the experiment's `seed`: sampling and data order, "
+        "not the start checkpoint); its value is the seed mean, summaries give mean, std, 95% CI and n. "
+        "null: one run at the base's seed.",
+    )
     pruner: PrunerSpec = Field(default_factory=PrunerSpec, description="optuna: early stopping of poor trials.")
     storage: str | None = Field(None, description="Optuna storage URL; null: sqlite:///mlflow/optuna.db.")
     trial_resources: TrialResourcesSpec = Field(
@@ -468,8 +474,25 @@ class SweepSpec(_Section):
                 raise ValueError(f"{key}: empty list of values")
         return space
 
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, seeds: list[int] | None) -> list[int] | None:
+        if seeds is None:
+            return None
+        if not seeds:
+            raise ValueError("empty list: give at least one seed, or leave seeds out")
+        negative = [s for s in seeds if s < 0]
+        if negative:
+            raise ValueError(f"seeds must be ≥ 0, got {negative}")
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        if repeated:
+            raise ValueError(f"duplicate seeds {repeated}: each seed runs once per configuration")
+        return seeds
+
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:
+        if self.seeds is not None and "seed" in self.space:
+            raise ValueError("space.seed and seeds both vary the seed: keep one (seeds: [...] gives mean ± CI)")
         if self.method == "grid":
             ranges = [key for key, values in self.space.items() if not isinstance(values, list)]
             if ranges:

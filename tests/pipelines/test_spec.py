@@ -34,6 +34,7 @@ def test_the_shipped_sweeps_cover_staleness_thresholds_group_sizes_and_tuning():
     spaces = {p.stem: load_sweep(p)[0] for p in SWEEPS}
     staleness = spaces["staleness_sweep"]
     assert staleness.space == {"orchestrator.lag": [0, 4, 16, 64], "algorithm.name": ["grpo", "m2po"]}
+    assert staleness.seeds == [0, 1, 2]  # a learning result is a mean over seeds
     assert "algorithm.m2_threshold" in spaces["m2po_threshold_sweep"].space
     assert "rollout.group_size" in spaces["group_size_sweep"].space
     tune = spaces["optuna_tune"]

@@ -168,3 +168,51 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(store, tmp_path):
     parent, children = sweep_runs(store)
     assert sorted(c.info.status for c in children) == ["FAILED", "FAILED", "FAILED", "FINISHED"]
     assert parent.data.metrics["sweep/fail"] == 3 and result.complete
+
+
+@pytest.mark.parametrize(
+    ("seeds", "fragment"),
+    [([], "seeds: empty list"), ([0, 1, 0], "duplicate seeds [0]"), ([-1], "seeds.0")],
+)
+def test_bad_seed_axes_exit_2_with_one_line_and_create_nothing(store, tmp_path, seeds, fragment):
+    bad = write_sweep(tmp_path, method="grid", space={"trainer.lr": [1e-4]}, seeds=seeds)
+    done = subprocess.run([*cli(), "sweep", str(bad)], capture_output=True, text=True, env=env())
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
+    assert not Path(store.removeprefix("sqlite:///")).exists()  # no run, no study
+
+
+def test_a_seed_axis_also_in_the_space_is_refused(tmp_path):
+    with pytest.raises(SpecError, match=r"space\.seed and seeds"):
+        load_sweep(write_sweep(tmp_path, method="grid", space={"seed": [0, 1]}, seeds=[0, 1]))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_seeded_sweep_summarises_each_configuration_over_its_seeds(store, tmp_path):
+    sweep, base = load_sweep(write_sweep(tmp_path, name="seeded", method="grid", seeds=[0, 1],
+                                         space={"trainer.lr": [3e-4, 1e-4]}))  # fmt: skip
+    result = run_sweep(sweep, base, poll_s=0.2)
+    assert result.complete and result.ran == 2 and [r["state"] for r in result.rows] == ["COMPLETE"] * 2
+    parent, children = sweep_runs(store)
+    assert len(children) == 4 and {c.info.status for c in children} == {"FINISHED"}
+    finals = {(c.data.params["trainer.lr"], c.data.tags["sweep.seed"]): c.data.metrics["eval/accuracy"]
+              for c in children}  # fmt: skip
+    assert {seed for _, seed in finals} == {"0", "1"} and {c.data.params["seed"] for c in children} == {"0", "1"}
+    for row in result.rows:
+        lr = str(row["params"]["trainer.lr"])
+        values = [finals[lr, "0"], finals[lr, "1"]]
+        assert row["seed_values"] == {0: values[0], 1: values[1]} and row["n"] == 2
+        assert row["value"] == pytest.approx(sum(values) / 2)  # Optuna's value: the seed mean
+        spread = abs(values[0] - values[1]) / 2**0.5  # sample std of two values
+        assert row["std"] == pytest.approx(spread) and row["ci95"] == pytest.approx(12.706 * spread / 2**0.5)
+    client = MlflowClient(store)
+    assert {"summary/trials.md", "summary/trials.csv", "summary/trials.json",
+            "summary/objective_vs_params.png"} <= summary_files(store, parent.info.run_id)  # fmt: skip
+
+    def artifact(name: str) -> str:
+        return Path(client.download_artifacts(parent.info.run_id, f"summary/{name}", str(tmp_path))).read_text()
+
+    table = artifact("trials.md")
+    assert "mean ± 95% CI" in table and "(n=2)" in table and "seeds [0, 1]" in table
+    rows = json.loads(artifact("trials.json"))
+    assert [r["n"] for r in rows] == [2, 2] and all(r["ci95"] is not None for r in rows)
