@@ -143,8 +143,13 @@ def warmstart(
     evaluation = manifest["eval"]
     console.print(
         f"[green]wrote[/] {out}: {manifest['warm_start']['steps']} warm-start steps, final loss "
-        f"{manifest['final_loss']:.4f}, held-out greedy accuracy {evaluation['greedy_accuracy']:.3f} on "
-        f"{evaluation['eval_size']} {evaluation['task']} problems ({manifest['built_with']['cpu_capability']} kernels)"
+        f"{manifest['final_loss']:.4f} ({manifest['built_with']['cpu_capability']} kernels)",
+        soft_wrap=True,
+    )
+    console.print(
+        f"held-out greedy accuracy {evaluation['greedy_accuracy']:.3f} on {evaluation['eval_size']} "
+        f"{evaluation['task']} problems",
+        soft_wrap=True,
     )
     console.print(f"sha256 {manifest['sha256']}")
 
@@ -221,7 +226,13 @@ def _short(value: object) -> str:
 
 @app.command()
 def bench(
-    suite: Annotated[str, typer.Option(help="'full' (nightly, ~3.5 min on 2 cores) or 'quick' (~20 s).")] = "full",
+    suite: Annotated[
+        str,
+        typer.Option(
+            help="'full' (nightly; ~3.5 min plus 3 learning runs of ~135 s on 2 cores), 'quick' (~20 s), or "
+            "'matrix' (the learning figure over 3 CPU kernel settings × 3 seeds, ~28 min)."
+        ),
+    ] = "full",
     baseline: Annotated[Path, typer.Option(help="Baseline file to gate against.")] = Path("benchmarks/baseline.json"),
     update_baseline: Annotated[bool, typer.Option("--update-baseline", help="Rewrite the baseline.")] = False,
     tolerance: Annotated[float, typer.Option(help="Allowed relative worsening for ratio figures.")] = 0.25,

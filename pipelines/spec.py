@@ -483,7 +483,7 @@ class SweepSpec(_Section):
             raise ValueError("empty list: give at least one seed, or leave seeds out")
         negative = [s for s in seeds if s < 0]
         if negative:
-            raise ValueError(f"seeds must be ≥ 0, got {negative}")
+            raise ValueError(f"every seed must be ≥ 0: {negative} are not")
         repeated = sorted({s for s in seeds if seeds.count(s) > 1})
         if repeated:
             raise ValueError(f"duplicate seeds {repeated}: each seed runs once per configuration")

@@ -1,16 +1,16 @@
-"""Real learning on the CPU: RL lifts held-out accuracy of the warm-started tiny model.
+"""Real learning on the CPU: RL lifts held-out accuracy of the shipped start checkpoint.
 
-Fixed seed, the default warm-started policy (cached on disk after its first build),
-64 prompts × 8 samples per step, trained through the real orchestrator in ``lagged``
-mode with k = 1: rollout and training run concurrently and every batch is exactly one
-version stale (off-policy, as in async), yet the run is deterministic.
+Every run starts from the shipped checkpoint (40.5% greedy accuracy on the 200 fixed
+held-out 2-digit additions, identical weights on every machine) and trains through
+the real orchestrator in ``lagged`` mode with k = 1: rollout and training run
+concurrently and every batch is exactly one version stale (off-policy, as in async),
+yet each run is deterministic on a given CPU.
 
-Measured on the 2-core development machine, greedy accuracy on 200 held-out 2-digit
-additions:
-    GRPO, lr 3e-4, 400 steps (78 s): 21.0% → 52.5% (+31.5 points)
-    M2PO, lr 2e-4, 500 steps (98 s): 21.0% → 52.0% (+31.0 points)
-M2PO's unclipped objective is noisier at lr 3e-4 (47.5% at 400 steps, 43.0% at 500).
-    GRPO on Ray (2 rollout actors, lagged k = 1), 200 steps: 21.0% → 37.5% (+16.5 points)
+Float kernels still differ between CPUs, so a run's path does too. The thresholds
+below come from the spread measured over a matrix of kernel settings × seeds
+(``python -m benchmarks.learning``, which emulates AVX2 and SSE-only machines on this
+one: see its docstring); each test runs one cell, seed 0 on this machine's kernels.
+SPREAD records what was measured; each threshold sits below the worst cell with margin.
 """
 
 from __future__ import annotations
@@ -18,42 +18,41 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from asyncrlhf.models import load_pretrained, pretrained_policy
-from asyncrlhf.orchestration import Orchestrator
-from asyncrlhf.rewards import exact_match_reward
-from asyncrlhf.rollout import HFEngine
-from asyncrlhf.tasks import AdditionTask
-from asyncrlhf.training import TrainerWorker
+from pipelines.run import run_experiment
+from pipelines.spec import load_spec
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[1]
+START = 0.405  # the shipped checkpoint's documented greedy accuracy
+LAGGED = ["orchestrator.mode=lagged", "orchestrator.lag=1"]
+
+# (overrides, the gain the test asserts); SPREAD is the measured basis of each threshold.
 SETTINGS = {
-    "grpo": {"options": {}, "lr": 3e-4, "steps": 400},
-    "m2po": {"options": {"m2_threshold": 0.04}, "lr": 2e-4, "steps": 500},
+    "grpo": (["orchestrator.eval_every=600"], 0.10),  # the quick start's 600 steps
+    "m2po": (["algorithm.name=m2po", "trainer.lr=2e-4", "trainer.steps=500", "orchestrator.eval_every=500"], 0.04),
+}
+SPREAD = {
+    # asyncrlhf bench --suite matrix (each cell this test's run at another seed/kernels)
+    "grpo": "+13.5 to +22.0 over 3 kernel settings x 3 seeds, mean +17.7; seed 0: +18.5 / +17.0 / +15.0 "
+    "(native AVX-512 / avx2 / default); threshold +10, 3.5 below the worst cell",
+    # python -m benchmarks.learning --seeds 0 --set orchestrator.mode=lagged --set orchestrator.lag=1
+    #   --set algorithm.name=m2po --set trainer.lr=2e-4 --set trainer.steps=500 --set orchestrator.eval_every=500
+    "m2po": "seed 0: +13.0 / +7.0 / +10.0 (native AVX-512 / avx2 / default); threshold +4, 3 below the worst",
 }
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "m2po"])
-def test_rl_lifts_held_out_accuracy_by_20_points(algorithm):
-    settings = SETTINGS[algorithm]
-    torch.manual_seed(0)
-    model, tokenizer = load_pretrained(pretrained_policy())
-    task = AdditionTask(tokenizer, digits=2, seed=0, eval_size=200)
-    trainer = TrainerWorker(model, tokenizer.pad_token_id, algorithm, settings["options"], lr=settings["lr"])
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens=5, seed=1)
-    orchestrator = Orchestrator(
-        engine, trainer, task.train_problems(), exact_match_reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
-        mode="lagged", lag=1, group_size=8, prompts_per_step=64, eval_problems=task.eval_problems(),
-        eval_every=settings["steps"],
-    )  # fmt: skip
-    history = orchestrator.run(settings["steps"])
+def test_rl_lifts_held_out_accuracy_from_the_shipped_start(algorithm):
+    overrides, threshold = SETTINGS[algorithm]
+    spec = load_spec(REPO / "experiments" / "quickstart.yaml", [*LAGGED, *overrides])
+    history = run_experiment(spec, track=False).history
     start = history.initial_metrics["eval/accuracy"]
     ((_, final),) = history.metric("eval/accuracy")
-    print(f"{algorithm}: held-out accuracy {start:.3f} -> {final:.3f}")
-    assert 0.15 <= start <= 0.40, "the warm start should be partly correct"
-    assert final - start >= 0.20
+    print(f"{algorithm}: held-out accuracy {start:.3f} -> {final:.3f} (measured spread: {SPREAD[algorithm]})")
+    assert start == START  # identical start on every machine
+    assert final - start >= threshold
     assert {tau for step in history.staleness[1:] for tau in step} == {1}
 
 
@@ -62,11 +61,9 @@ def test_rl_on_ray_with_two_rollout_actors_lifts_held_out_accuracy():
     """The same learning through the Ray runtime: two rollout actors, one trainer actor,
     lagged k = 1 (chunks are seeded by position, so the run is deterministic)."""
     from pipelines.run import build_orchestrator
-    from pipelines.spec import load_spec
 
     spec = load_spec(
-        Path(__file__).resolve().parents[1] / "experiments" / "ray_async.yaml",
-        ["orchestrator.mode=lagged", "orchestrator.lag=1", "trainer.steps=200", "orchestrator.eval_every=200"],
+        REPO / "experiments" / "ray_async.yaml", [*LAGGED, "trainer.steps=200", "orchestrator.eval_every=200"]
     )
     orchestrator = build_orchestrator(spec)
     try:
@@ -76,6 +73,7 @@ def test_rl_on_ray_with_two_rollout_actors_lifts_held_out_accuracy():
     start = history.initial_metrics["eval/accuracy"]
     ((_, final),) = history.metric("eval/accuracy")
     print(f"ray grpo: held-out accuracy {start:.3f} -> {final:.3f} in {history.summary['time/total_s']:.0f} s")
-    assert final - start >= 0.12
+    assert start == START
+    assert final - start >= 0.05
     assert {tau for step in history.staleness[1:] for tau in step} == {1}
     assert {r.worker for r in orchestrator.sync_log} == {"rollout-0", "rollout-1"}

@@ -21,10 +21,10 @@ def test_t_quantiles_match_the_tables_and_approach_the_normal():
 
 def test_summary_of_five_seeds():
     # mean 0.3; deviations −0.1, −0.05, 0, 0.05, 0.1 → Σd² = 0.025, std = √(0.025/4) = 0.0790569;
-    # ci95 = 2.776 · 0.0790569 / √5 = 0.098149.
+    # ci95 = 2.776 · 0.0790569 / √5 = 0.2194620 / 2.2360680 = 0.0981464.
     s = summarize([0.2, 0.25, 0.3, 0.35, 0.4])
     assert (s.mean, s.n) == (pytest.approx(0.3), 5)
-    assert s.std == pytest.approx(0.0790569, abs=1e-7) and s.ci95 == pytest.approx(0.098149, abs=1e-6)
+    assert s.std == pytest.approx(0.0790569, abs=1e-7) and s.ci95 == pytest.approx(0.0981464, abs=1e-6)
     assert str(s) == "0.3000 ± 0.0981 (n=5)"
 
 
