@@ -88,14 +88,12 @@ def test_the_spec_defaults_are_the_shipped_checkpoint_configs():
 def test_the_shipped_checkpoint_has_its_documented_greedy_accuracy_exactly():
     # Greedy decoding of fixed weights on fixed problems: the same on every CPU kernel
     # setting tried (native AVX-512, ATEN_CPU_CAPABILITY=avx2 and =default, each with
-    # MKL and oneDNN capped alike gave the same 200 responses, byte for byte).
-    from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
-    from asyncrlhf.tasks import AdditionTask
+    # MKL and oneDNN capped alike gave the same 200 responses, byte for byte). The run's
+    # seed does not move the held-out problems (task.eval_seed does).
+    from pipelines.spec import ExperimentSpec
+    from pipelines.warmstart import greedy_accuracy
 
-    model, tokenizer = load_pretrained(shipped_policy())
-    problems = AdditionTask(tokenizer, digits=2, seed=3, eval_size=200, eval_seed=0).eval_problems()
-    engine = greedy_engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens=5)
-    accuracy = evaluate_accuracy(engine, problems, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    accuracy = greedy_accuracy(shipped_policy(), ExperimentSpec(seed=3))
     assert accuracy == SHIPPED_ACCURACY
     manifest = json.loads((SHIPPED_POLICY / "asyncrlhf.json").read_text())
     assert manifest["eval"]["greedy_accuracy"] == SHIPPED_ACCURACY and manifest["eval"]["eval_seed"] == 0
