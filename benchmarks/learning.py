@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from pipelines.stats import summarize
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
@@ -42,7 +43,7 @@ KERNELS: dict[str, dict[str, str]] = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
 }
-_KERNEL_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+_KERNEL_VARS = {name for variables in KERNELS.values() for name in variables}
 
 
 def run_cell(seed: int, overrides: list[str], spec_path: Path = QUICKSTART) -> dict[str, Any]:
@@ -84,15 +85,9 @@ def run_in_subprocess(kernels: str, seed: int, overrides: list[str], spec_path: 
 
 
 def summarize_gains(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean, standard deviation (n − 1), min and max of the cells' gains, and n."""
+    """Mean, standard deviation (n − 1), 95% CI half-width, n, min and max of the gains."""
     gains = [c["gain"] for c in cells]
-    return {
-        "n": len(gains),
-        "mean": statistics.fmean(gains),
-        "std": statistics.stdev(gains) if len(gains) > 1 else 0.0,
-        "min": min(gains),
-        "max": max(gains),
-    }
+    return {**summarize(gains).as_dict(), "min": min(gains), "max": max(gains)}
 
 
 def run_matrix(

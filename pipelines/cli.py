@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pipelines.spec import ExperimentSpec, SpecError, load_spec
+from pipelines.spec import ExperimentSpec, SpecError, apply_overrides, load_spec, spec_from_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Asynchronous RL post-training experiments.")
 console = Console() if Console().is_terminal else Console(width=140)  # logs: no 80-column cut
@@ -26,8 +26,11 @@ SpecArg = Annotated[Path, typer.Argument(help="Experiment YAML file.", show_defa
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable).")]
 
 
-def _load(spec_path: Path, overrides: list[str] | None) -> ExperimentSpec:
+def _load(spec_path: Path | None, overrides: list[str] | None) -> ExperimentSpec:
+    """The spec at ``spec_path`` (None: the defaults) with overrides; exit 2 on bad input."""
     try:
+        if spec_path is None:
+            return spec_from_dict(apply_overrides({}, overrides or []), source="--set")
         return load_spec(spec_path, overrides or [])
     except SpecError as err:
         errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
@@ -134,7 +137,7 @@ def warmstart(
     """
     from pipelines.warmstart import write_start_checkpoint
 
-    experiment = _load(spec, set_) if spec is not None else _defaults(set_)
+    experiment = _load(spec, set_)
     try:
         manifest = write_start_checkpoint(experiment, out)
     except ValueError as err:
@@ -152,16 +155,6 @@ def warmstart(
         soft_wrap=True,
     )
     console.print(f"sha256 {manifest['sha256']}")
-
-
-def _defaults(overrides: list[str] | None) -> ExperimentSpec:
-    from pipelines.spec import apply_overrides, spec_from_dict
-
-    try:
-        return spec_from_dict(apply_overrides({}, overrides or []), source="--set")
-    except SpecError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 @app.command()
