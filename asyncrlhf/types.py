@@ -16,7 +16,7 @@ policy version that generated it (so buffers and losses can reason about stalene
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -47,7 +47,6 @@ class Experience:
     policy_version: int
     prompt_id: Hashable
     advantage: float | None = None
-    metadata: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "response_ids", "logprobs"):

@@ -26,28 +26,6 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(
-    fn: Callable[[], object], device: torch.device, repeats: int = 20, warmup: int = 2, budget_s: float = 10.0
-) -> Timing:
-    """Time ``fn`` ``repeats`` times (fewer if one call would blow ``budget_s``)."""
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(warmup):
-        fn()
-    sync()
-    samples: list[float] = []
-    deadline = time.perf_counter() + budget_s
-    while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return Timing(statistics.median(samples), min(samples), max(samples), len(samples))
-
-
 def measure_interleaved(
     fns: dict[str, Callable[[], object]],
     device: torch.device,

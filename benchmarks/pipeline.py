@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model, load_pretrained, pretrained_policy
-from asyncrlhf.orchestration import Orchestrator, RunHistory
+from asyncrlhf.orchestration import Orchestrator, RunHistory, Schedule
 from asyncrlhf.rewards import exact_match_reward
 from asyncrlhf.rollout import HFEngine, LatencyModelEngine
 from asyncrlhf.tasks import AdditionTask
@@ -79,8 +79,8 @@ def _build(
     trainer = TrainerWorker(model, tokenizer.pad_token_id, "grpo", lr=3e-4, seed=seed)
     return Orchestrator(
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
-        mode=mode, group_size=group, prompts_per_step=prompts, max_staleness=max_staleness,
-        verify_sync=setting != "latency",  # the latency model holds no weights to checksum
+        Schedule(mode, group, prompts, max_staleness),
+        verify_weights=setting != "latency",  # the latency model holds no weights to checksum
     )  # fmt: skip
 
 

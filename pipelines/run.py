@@ -8,7 +8,7 @@ import functools
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,6 @@ class RunResult:
     final_metrics: dict[str, float]
     history: RunHistory
     tracking_uri: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def seed_everything(seed: int) -> None:
@@ -94,7 +93,7 @@ def build_task(spec: ExperimentSpec, tokenizer: Any) -> Any:
 
 def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
     algo = spec.algorithm
-    ref_model = copy.deepcopy(model) if algo.name == "grpo" and algo.kl_coef > 0 else None
+    ref_model = copy.deepcopy(model) if algo.uses_reference else None
     return TrainerWorker(
         model, tokenizer.pad_token_id, algo.name, algo.loss_options(), lr=spec.trainer.lr,
         weight_decay=spec.trainer.weight_decay, grad_clip=spec.trainer.grad_clip,
@@ -128,13 +127,8 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
         torch.set_num_threads(spec.runtime.torch_threads)
     path = _policy_path(spec)
     reward = CompositeReward([RewardTerm(term.kind, term.weight) for term in spec.rewards])
-    orch, rollout = spec.orchestrator, spec.rollout
-    common = dict(
-        mode=orch.mode, group_size=rollout.group_size, prompts_per_step=spec.prompts_per_step,
-        max_staleness=spec.buffer.max_staleness, sync_every=orch.sync_every, lag=orch.lag or 0,
-        eval_every=orch.eval_every, scale_advantages=spec.algorithm.scale_advantages, on_metrics=on_metrics,
-        timeout_s=orch.timeout_s,
-    )  # fmt: skip
+    rollout, schedule, timeout_s = spec.rollout, spec.to_schedule(), spec.orchestrator.timeout_s
+    scale_advantages = spec.algorithm.scale_advantages
     if spec.runtime.kind == "ray":
         from asyncrlhf.distributed import RayOrchestrator
 
@@ -143,11 +137,11 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
         runtime = spec.runtime
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
-            task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
-            eval_problems=task.eval_problems(), max_new_tokens=rollout.max_new_tokens, workers=rollout.workers,
-            rollout_resources=_resources(runtime.rollout, runtime.torch_threads),
-            trainer_resources=_resources(runtime.trainer, runtime.torch_threads),
-            max_restarts=runtime.max_restarts, seed=spec.seed + 1, **common,
+            task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
+            task.eval_problems(), rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
+            workers=rollout.workers, rollout_resources=_resources(runtime.rollout, runtime.torch_threads),
+            trainer_resources=_resources(runtime.trainer, runtime.torch_threads), max_restarts=runtime.max_restarts,
+            seed=spec.seed + 1,
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
@@ -155,8 +149,8 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
     return Orchestrator(
-        engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
-        eval_problems=task.eval_problems(), **common,
+        engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
+        task.eval_problems(), rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
     )  # fmt: skip
 
 

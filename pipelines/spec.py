@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "ALGORITHM_NAMES",
     "ActorSpec",
     "AlgorithmSpec",
     "BufferSpec",
     "ExperimentSpec",
+    "GRPOSpec",
+    "M2POSpec",
     "ModelSpec",
     "OrchestratorSpec",
+    "PPOSpec",
     "PrunerSpec",
     "RangeSpec",
     "RewardTermSpec",
@@ -140,26 +146,72 @@ class RewardTermSpec(_Section):
         return kind
 
 
-class AlgorithmSpec(_Section):
-    name: Literal["grpo", "ppo", "m2po"] = Field("grpo", description="Policy loss.")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO clip range ε (M2PO: only with m2_clip).")
-    m2_threshold: float = Field(0.04, ge=0, description="M2PO: bound τ on the mean (log r)² of kept tokens.")
-    m2_mode: Literal["batch", "token"] = Field("batch", description="M2PO: the paper's batch rule or per-token.")
-    m2_clip: bool = Field(False, description="M2PO: also apply the PPO clip (the paper does not).")
-    kl_coef: float = Field(0.0, ge=0, description="GRPO: weight of the k3 KL to the frozen initial policy.")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "seq-mean-token-mean", description="GRPO: how per-token losses reduce to a scalar."
-    )
+def _loss_default(name: str, option: str) -> Any:
+    """The default of ``option`` in the registered loss's own signature (its one home)."""
+    from asyncrlhf.losses import get_policy_loss
+
+    return inspect.signature(get_policy_loss(name)).parameters[option].default
+
+
+class _AlgorithmSpec(_Section):
+    name: str = Field(description="Policy loss (a registered name).")
     scale_advantages: bool = Field(True, description="Divide group advantages by their std (False: Dr. GRPO).")
 
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the trainer needs a frozen reference policy (a KL term)."""
+        return False
+
     def loss_options(self) -> dict[str, Any]:
-        """Keyword options of the chosen loss."""
-        if self.name == "ppo":
-            return {"clip_eps": self.clip_eps}
-        if self.name == "m2po":
-            clip = self.clip_eps if self.m2_clip or self.m2_mode == "token" else None
-            return {"m2_threshold": self.m2_threshold, "mode": self.m2_mode, "clip_eps": clip}
-        return {"clip_eps": self.clip_eps, "kl_coef": self.kl_coef, "loss_agg": self.loss_agg}
+        """Keyword options of the loss (its signature checks them when bound)."""
+        return self.model_dump(exclude={"name", "scale_advantages"})
+
+
+class PPOSpec(_AlgorithmSpec):
+    """PPO's clipped surrogate, per token."""
+
+    name: Literal["ppo"] = Field("ppo", description="Policy loss.")
+    clip_eps: float = Field(_loss_default("ppo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
+
+
+class M2POSpec(_AlgorithmSpec):
+    """M2PO: a second-moment trust region instead of a clip (arXiv 2510.01161)."""
+
+    name: Literal["m2po"] = Field("m2po", description="Policy loss.")
+    m2_threshold: float = Field(
+        _loss_default("m2po", "m2_threshold"), ge=0, description="Bound τ on the mean (log r)² of kept tokens."
+    )
+    m2_mode: Literal["batch", "token"] = Field(
+        _loss_default("m2po", "mode"), description="The paper's batch rule, or the per-token variant."
+    )
+    m2_clip: bool = Field(False, description="Also apply the PPO clip with clip_eps (the paper does not).")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="Clip range ε when clipping (m2_clip, or mode 'token').")
+
+    def loss_options(self) -> dict[str, Any]:
+        clip = self.clip_eps if self.m2_clip or self.m2_mode == "token" else None
+        return {"m2_threshold": self.m2_threshold, "mode": self.m2_mode, "clip_eps": clip}
+
+
+class GRPOSpec(_AlgorithmSpec):
+    """GRPO: the clipped surrogate on group-relative advantages, optional KL to the start."""
+
+    name: Literal["grpo"] = Field("grpo", description="Policy loss.")
+    clip_eps: float = Field(_loss_default("grpo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
+    kl_coef: float = Field(
+        _loss_default("grpo", "kl_coef"), ge=0, description="Weight of the k3 KL to the frozen initial policy."
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        _loss_default("grpo", "loss_agg"), description="How per-token losses reduce to a scalar."
+    )
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+# One model per algorithm, chosen by `name`; adding an objective adds one model here.
+AlgorithmSpec = Annotated[PPOSpec | M2POSpec | GRPOSpec, Field(discriminator="name")]
+ALGORITHM_NAMES = ("grpo", "ppo", "m2po")
 
 
 class BufferSpec(_Section):
@@ -178,10 +230,25 @@ class TrainerSpec(_Section):
 
 class OrchestratorSpec(_Section):
     mode: Literal["sync", "async", "lagged"] = Field("async", description="How rollout and training interleave.")
-    sync_every: int = Field(1, ge=1, description="async: publish weights every this many steps.")
+    publish_every: int = Field(
+        1, ge=1, description="async: publish weights every this many steps (was `sync_every`, still read)."
+    )
     lag: int | None = Field(None, ge=0, description="lagged: data of step v comes from version max(0, v − lag).")
     eval_every: int = Field(50, ge=0, description="Held-out greedy evaluation every this many steps (0: never).")
     timeout_s: float = Field(600.0, gt=0, description="Longest any wait may last before the run fails.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """``sync_every`` is the old name of ``publish_every`` ("sync" now only means the mode)."""
+        if isinstance(data, dict) and "sync_every" in data:
+            if "publish_every" in data:
+                raise ValueError("sync_every is the old name of publish_every: give only publish_every")
+            warnings.warn(
+                "orchestrator.sync_every is deprecated: call it orchestrator.publish_every", FutureWarning, stacklevel=2
+            )
+            data = {("publish_every" if k == "sync_every" else k): v for k, v in data.items()}
+        return data
 
 
 class ActorSpec(_Section):
@@ -241,12 +308,22 @@ class ExperimentSpec(_Section):
         min_length=1,
         description="Reward terms, summed with their weights.",
     )
-    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="The policy loss.")
+    algorithm: AlgorithmSpec = Field(
+        default_factory=GRPOSpec, description="The policy loss and its options, by `name` (default 'grpo')."
+    )
     buffer: BufferSpec = Field(default_factory=BufferSpec, description="The replay buffer.")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Optimisation.")
     orchestrator: OrchestratorSpec = Field(default_factory=OrchestratorSpec, description="Rollout/training interplay.")
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="Where it runs.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="MLflow.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_algorithm(cls, data: Any) -> Any:
+        """An algorithm section without a name is GRPO's (the default)."""
+        if isinstance(data, dict) and isinstance(data.get("algorithm"), dict) and "name" not in data["algorithm"]:
+            data = {**data, "algorithm": {"name": "grpo", **data["algorithm"]}}
+        return data
 
     @model_validator(mode="after")
     def _cross_field(self) -> ExperimentSpec:
@@ -262,9 +339,9 @@ class ExperimentSpec(_Section):
         orch = self.orchestrator
         if orch.mode == "lagged" and orch.lag is None:
             raise ValueError("orchestrator.lag is required in mode 'lagged'")
-        if orch.mode == "async" and orch.sync_every > self.buffer.max_staleness + 1:
+        if orch.mode == "async" and orch.publish_every > self.buffer.max_staleness + 1:
             raise ValueError(
-                f"orchestrator.sync_every={orch.sync_every} > buffer.max_staleness + 1 = "
+                f"orchestrator.publish_every={orch.publish_every} > buffer.max_staleness + 1 = "
                 f"{self.buffer.max_staleness + 1}: the rollout worker could never get fresh enough weights"
             )
         runtime, workers = self.runtime, self.rollout.workers
@@ -286,15 +363,28 @@ class ExperimentSpec(_Section):
     def prompts_per_step(self) -> int:
         return self.trainer.batch_size // self.rollout.group_size
 
+    def to_schedule(self) -> Any:
+        """The core's :class:`~asyncrlhf.orchestration.Schedule` of this experiment."""
+        from asyncrlhf.orchestration.schedule import Schedule
+
+        orch = self.orchestrator
+        return Schedule(
+            orch.mode, self.rollout.group_size, self.prompts_per_step, self.buffer.max_staleness, orch.publish_every,
+            orch.lag or 0, orch.eval_every,
+        )  # fmt: skip
+
 
 # ---------------------------------------------------------------------------- loading
 def _format_error(err: ValidationError, data: Any) -> str:
     lines = []
     for item in err.errors():
-        loc = ".".join(str(part) for part in item["loc"])
+        parts, where = list(item["loc"]), ""
+        if len(parts) > 1 and parts[0] == "algorithm" and parts[1] in ALGORITHM_NAMES:
+            where = f" for algorithm {parts.pop(1)!r}"  # the union's tag: algorithm.grpo.x → algorithm.x
+        loc = ".".join(str(part) for part in parts)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key (value {item['input']!r})")
+            lines.append(f"{loc}: unknown key{where} (value {item['input']!r})")
         elif loc and not isinstance(item["input"], dict):
             lines.append(f"{loc}: {message} (got {item['input']!r})")
         elif loc:

@@ -78,4 +78,4 @@ def test_rl_on_ray_with_two_rollout_actors_lifts_held_out_accuracy():
     # run under the kernel emulation); hence the wider margin than the in-process tests.
     assert final - start >= 0.05
     assert {tau for step in history.staleness[1:] for tau in step} == {1}
-    assert {r.worker for r in orchestrator.sync_log} == {"rollout-0", "rollout-1"}
+    assert {r.worker for r in orchestrator.weight_log} == {"rollout-0", "rollout-1"}

@@ -26,11 +26,8 @@ from typing import Any
 
 import torch
 
-from asyncrlhf.buffers import GroupAwareReplayBuffer
 from asyncrlhf.models import weights_checksum
-from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
-from asyncrlhf.orchestration.orchestrator import Schedule, train_on
-from asyncrlhf.orchestration.version import VersionManager
+from asyncrlhf.orchestration.schedule import Schedule, TrainerSide
 from asyncrlhf.orchestration.weights import Snapshot
 from asyncrlhf.rollout.worker import RolloutWorker
 from asyncrlhf.tasks.base import Problem
@@ -56,7 +53,7 @@ class RolloutActor:
         group_size: completions per prompt.
         eos_token_id, pad_token_id: of the tokenizer.
         torch_threads: intra-op threads of this process.
-        verify_sync: check the engine's checksum after every load.
+        verify_weights: check the engine's checksum after every load.
     """
 
     def __init__(
@@ -68,25 +65,25 @@ class RolloutActor:
         eos_token_id: int,
         pad_token_id: int,
         torch_threads: int | None = None,
-        verify_sync: bool = True,
+        verify_weights: bool = True,
     ) -> None:
         _set_threads(torch_threads)
         self.name = name
         self.events: list[Event] = []
         self.worker = RolloutWorker(
-            engine_factory(), iter(()), reward_fn, buffer=None, group_size=group_size,  # type: ignore[arg-type]
-            prompts_per_batch=1, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-            verify_sync=verify_sync, name=name, on_event=self._event,
-        )  # fmt: skip
+            engine_factory(),
+            reward_fn,
+            group_size,
+            eos_token_id,
+            pad_token_id,
+            verify_weights,
+            name,
+            on_event=lambda *event: self.events.append(event),
+        )
         # A fresh (or restarted) process holds the engine's initial weights, whatever
         # version they claim: the first chunk always loads and verifies.
         self.loaded: int | None = None
         self.checksum: str | None = None
-
-    def _event(self, worker: str, phase: str, start: float, end: float) -> None:
-        # RolloutWorker reports perf_counter times; convert them to wall-clock.
-        shift = time.time() - time.perf_counter()
-        self.events.append((worker, phase, start + shift, end + shift))
 
     def pid(self) -> int:
         return os.getpid()
@@ -113,7 +110,7 @@ class RolloutActor:
         reseed = getattr(self.worker.engine, "reseed", None)  # optional: EngineBase has it
         if reseed is not None:
             reseed(seed)
-        experiences = self.worker.generate_batch(problems, key_prefix=key)
+        experiences = self.worker.generate_batch(problems, key)
         meta = {
             "worker": self.name,
             "pid": os.getpid(),
@@ -126,12 +123,12 @@ class RolloutActor:
 
 
 class TrainerActor:
-    """The trainer process: trainer, replay buffer, weight publication, evaluation.
+    """The trainer process: the run's :class:`~asyncrlhf.orchestration.schedule.TrainerSide`
+    (trainer, replay buffer, evaluation) and the publication of weights to the object store.
 
     Args:
         trainer_factory: builds the :class:`~asyncrlhf.training.TrainerWorker`.
-        schedule: the run's schedule: G, groups per step, the staleness bound the buffer
-            enforces, how often to publish and to evaluate.
+        schedule: the run's schedule.
         eval_problems, max_new_tokens: held-out greedy evaluation.
         eos_token_id, pad_token_id: of the tokenizer.
         scale_advantages: GRPO's std scaling.
@@ -151,63 +148,44 @@ class TrainerActor:
     ) -> None:
         _set_threads(torch_threads)
         self.trainer = trainer_factory()
-        self.versions = VersionManager(initial=self.trainer.version)
-        self.trainer.versions = self.versions
-        self.schedule = schedule
         self.prompts_per_step = schedule.prompts_per_step
-        bound = schedule.bound
-        self.buffer = GroupAwareReplayBuffer(
-            schedule.group_size, max_groups=self.prompts_per_step * (bound + 2), max_staleness=bound,
-            version=self.versions, scale_advantages=scale_advantages,
+        self.events: list[Event] = []
+        self.published: tuple[int, str, list[Any]] | None = None
+        self.side = TrainerSide(
+            self.trainer, schedule, self._put, lambda *event: self.events.append(event), eval_problems, eos_token_id,
+            pad_token_id, max_new_tokens, scale_advantages,
         )  # fmt: skip
-        self.eval_problems = eval_problems
-        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        self.eval_engine = greedy_engine(self.trainer.model, eos_token_id, pad_token_id, max_new_tokens)
 
-    def publish(self) -> tuple[int, str, list[Any]]:
-        """Put the current weights in the object store once: ``(version, checksum, [ref])``."""
+    def _put(self) -> None:
         import ray
 
         state = self.trainer.state_dict()
-        return self.trainer.version, weights_checksum(state), [ray.put(state)]
+        self.published = (self.trainer.version, weights_checksum(state), [ray.put(state)])
+
+    def publish(self) -> tuple[int, str, list[Any]]:
+        """Put the current weights in the object store once: ``(version, checksum, [ref])``."""
+        self.side.publish()
+        published, self.published, self.events = self.published, None, []
+        assert published is not None
+        return published
 
     def evaluate(self) -> float:
-        if not self.eval_problems:
-            return float("nan")
-        return evaluate_accuracy(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id)
+        return self.side.evaluate()
 
     def train(self, step: int, *chunks: list[Experience]) -> dict[str, Any]:
         """Train on one batch (its chunks, in order); publish and evaluate when due."""
-        start = time.time()
-        pushed = [self.buffer.push(e) for chunk in chunks for e in chunk]
-        groups = self.buffer.sample(self.prompts_per_step)
+        pushed = [self.side.buffer.push(e) for chunk in chunks for e in chunk]
+        groups = self.side.buffer.sample(self.prompts_per_step)
         if not all(pushed) or len(groups) != self.prompts_per_step:
             raise RuntimeError(
                 f"step {step}: the buffer refused {pushed.count(False)} experiences or returned {len(groups)} of "
                 f"{self.prompts_per_step} groups: data outside the staleness bound reached the trainer"
             )
-        experiences = [e for group in groups for e in group]
-        metrics, staleness = train_on(self.trainer, experiences, self.buffer)
-        events: list[Event] = [("trainer", "train", start, time.time())]
-        published = None
-        if self.trainer.version % self.schedule.publish_every == 0:
-            begin = time.time()
-            published = self.publish()
-            events.append(("trainer", "publish", begin, time.time()))
-        if self.schedule.evaluates_after(step):
-            begin = time.time()
-            metrics["eval/accuracy"] = self.evaluate()
-            events.append(("trainer", "eval", begin, time.time()))
-        return {
-            "metrics": metrics,
-            "staleness": staleness,
-            "published": published,
-            "events": events,
-            "samples": len(experiences),
-        }
+        metrics, staleness, samples = self.side.step(step, groups)
+        out = {"metrics": metrics, "staleness": staleness, "published": self.published, "events": self.events,
+               "samples": samples}  # fmt: skip
+        self.published, self.events = None, []
+        return out
 
     def buffer_stats(self) -> dict[str, int]:
-        return self.buffer.stats()
-
-    def checksum(self) -> str:
-        return self.trainer.checksum()
+        return self.side.buffer.stats()

@@ -2,9 +2,10 @@
 
 The driver owns the schedule, never the data. Each trainer batch is split into one
 chunk per rollout worker; an idle worker takes the next chunk as soon as the weights
-that chunk may use are published (the same :class:`~asyncrlhf.rollout.WeightPolicy`
-as the local modes: exactly version n − k in ``sync``/``lagged``, the newest version
-≥ n − max_staleness in ``async``). Experiences go from the rollout actor to the
+that chunk may use are published (the same :class:`~asyncrlhf.orchestration.Schedule`
+as in process: exactly version n − k in ``sync``/``lagged``, the newest version
+≥ n − max_staleness in ``async``; the same ring of published versions, here of object
+references). Experiences go from the rollout actor to the
 trainer actor by object reference; the driver only reads each chunk's small metadata
 (version used, checksum held, timeline). When every chunk of batch n is in, the
 trainer pushes them through its version-aware buffer and trains; staleness is
@@ -13,7 +14,7 @@ bounded by construction, and the buffer would refuse anything outside the bound.
 Weights: after a step that is due to publish, the trainer puts its weights in the
 object store once; every rollout actor that needs that version fetches the same
 object, loads it and verifies the engine's checksum against the trainer's (a mismatch
-fails the chunk, and the run). ``sync_log`` records, per chunk, the checksum the actor
+fails the chunk, and the run). ``weight_log`` records, per chunk, the checksum the actor
 held and the trainer's.
 
 Faults: rollout actors restart (``max_restarts``). A chunk lost with its actor goes
@@ -26,7 +27,7 @@ restart while the actor was idle is caught by its new process id.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,13 +37,12 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
-from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
-from asyncrlhf.orchestration.orchestrator import Schedule
+from asyncrlhf.orchestration.history import RunHistory
+from asyncrlhf.orchestration.schedule import MetricsCallback, Schedule, StepRecorder
+from asyncrlhf.orchestration.weights import WeightStore
 from asyncrlhf.tasks.base import Problem
 
-__all__ = ["ActorResources", "RayOrchestrator", "SyncRecord"]
-
-MetricsCallback = Callable[[int, dict[str, float]], None]
+__all__ = ["ActorResources", "RayOrchestrator", "WeightRecord"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class ActorResources:
 
 
 @dataclass(frozen=True)
-class SyncRecord:
+class WeightRecord:
     """One chunk's weights: which worker generated it with which version and checksum."""
 
     worker: str
@@ -97,7 +97,6 @@ class _RunState:
     num_steps: int
     sizes: list[int]  # prompts of each chunk of a batch
     idle: deque[_Worker]
-    last: float  # when the previous step finished
     queue: deque[_Chunk] = field(default_factory=deque)  # chunks waiting for a worker, in order
     enqueued: int = 0  # batches whose chunks were queued
     inflight: dict[Any, tuple[_Worker, _Chunk, Any]] = field(default_factory=dict)  # meta ref → chunk
@@ -106,8 +105,6 @@ class _RunState:
     training: deque[Any] = field(default_factory=deque)  # submitted trainer steps, oldest first
     next_submit: int = 0  # the next batch to hand to the trainer
     next_train: int = 0  # the next trainer step to finish
-    samples: int = 0
-    tokens: int = 0
 
 
 class RayOrchestrator:
@@ -117,9 +114,8 @@ class RayOrchestrator:
         engine_factory: ``fn(worker_index) -> engine``, called inside each rollout actor.
         trainer_factory: ``fn() -> TrainerWorker``, called inside the trainer actor.
         problems: training problems (drawn by the driver, sent with each chunk).
-        reward_fn, eos_token_id, pad_token_id: as for the local orchestrator.
-        mode, group_size, prompts_per_step, max_staleness, sync_every, lag, eval_every,
-            scale_advantages, verify_sync, on_metrics, timeout_s: as for the local
+        reward_fn, eos_token_id, pad_token_id, schedule, scale_advantages, verify_weights,
+            on_metrics, timeout_s: as for the in-process
             :class:`~asyncrlhf.orchestration.Orchestrator`.
         eval_problems: held-out problems, evaluated greedily in the trainer actor.
         max_new_tokens: response cap of the greedy evaluation.
@@ -138,17 +134,11 @@ class RayOrchestrator:
         reward_fn: Callable[..., Any],
         eos_token_id: int,
         pad_token_id: int,
-        mode: str = "async",
-        group_size: int = 8,
-        prompts_per_step: int = 16,
-        max_staleness: int = 1,
-        sync_every: int = 1,
-        lag: int = 0,
+        schedule: Schedule,
         eval_problems: list[Problem] | None = None,
-        eval_every: int = 0,
         max_new_tokens: int = 16,
         scale_advantages: bool = True,
-        verify_sync: bool = True,
+        verify_weights: bool = True,
         on_metrics: MetricsCallback | None = None,
         timeout_s: float = 600.0,
         workers: int = 2,
@@ -159,7 +149,7 @@ class RayOrchestrator:
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
-        self.schedule = Schedule(mode, group_size, prompts_per_step, max_staleness, sync_every, lag, eval_every)
+        self.schedule = schedule
         self.num_workers = check_positive_int("workers", workers)
         self.max_restarts = check_nonnegative_int("max_restarts", max_restarts)
         _check_capacity(workers, rollout_resources, trainer_resources)
@@ -167,8 +157,6 @@ class RayOrchestrator:
         self.on_metrics = on_metrics
         self.timeout_s = timeout_s
         self.seed = seed
-        self.policy = self.schedule.policy
-        self._keep = self.schedule.bound + 2  # published versions a queued chunk may still need
 
         trainer_cls = ray.remote(max_restarts=0)(TrainerActor)
         self.trainer = trainer_cls.options(
@@ -183,44 +171,36 @@ class RayOrchestrator:
             worker.handle = rollout_cls.options(
                 num_cpus=rollout_resources.num_cpus, num_gpus=rollout_resources.num_gpus
             ).remote(
-                worker.name, _Bound(engine_factory, worker.index), reward_fn, group_size, eos_token_id,
-                pad_token_id, rollout_resources.threads(), verify_sync,
+                worker.name, _Bound(engine_factory, worker.index), reward_fn, schedule.group_size, eos_token_id,
+                pad_token_id, rollout_resources.threads(), verify_weights,
             )  # fmt: skip
         self.rollout_actors = [w.handle for w in self.workers]
-        self.sync_log: list[SyncRecord] = []
+        self.weight_log: list[WeightRecord] = []
         self.trainer_checksums: dict[int, str] = {}
         self.restarts = 0
-        self._published: OrderedDict[int, tuple[str, list[Any]]] = OrderedDict()
-        self._events: list[TimelineEvent] = []
+        self.published = WeightStore(keep=schedule.keep)  # snapshots of [object ref]
+        self.recorder = StepRecorder(schedule.mode, on_metrics)
 
     # ------------------------------------------------------------------ run
     def run(self, num_steps: int) -> RunHistory:
         """Train for ``num_steps`` trainer steps; returns the run's history."""
         check_positive_int("num_steps", num_steps)
-        history = RunHistory(mode=self.schedule.mode)
+        self.recorder = recorder = StepRecorder(self.schedule.mode, self.on_metrics)
         # Actors build their models in the background; throughput and bubbles are
         # measured from the moment all of them are up (start-up is reported apart).
         begin = time.time()
         self._add_published(self._get(self.trainer.publish.remote()))
         for worker in self.workers:
             worker.pid = self._get(worker.handle.pid.remote())
-        self._t0 = time.time()
-        startup = self._t0 - begin
+        recorder.begin()
+        startup = recorder.t0 - begin
         if self.schedule.eval_every:
-            history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
+            recorder.history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
 
-        sizes = _split(self.schedule.prompts_per_step, self.num_workers)
-        run = _RunState(num_steps, sizes, deque(self.workers), time.time())
+        run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))
         while run.next_train < num_steps:
             self._dispatch(run)
-            # Hand the trainer the next batch as soon as all its chunks are in. Up to two
-            # steps are queued on the trainer actor, so it starts the next one (and Ray
-            # fetches its data) without waiting for the driver's round trip.
-            while len(run.training) < 2 and len(run.done.get(run.next_submit, {})) == len(run.sizes):
-                chunks = run.done.pop(run.next_submit)
-                ordered = [chunks[c] for c in range(len(chunks))]
-                run.training.append(self.trainer.train.remote(run.next_submit, *ordered))
-                run.next_submit += 1
+            self._submit(run)
             head = list(run.training)[:1]  # trainer steps finish in order
             waitable = [*run.inflight, *run.probes, *head]
             if not waitable:
@@ -229,26 +209,23 @@ class RayOrchestrator:
             if not ready:
                 raise TimeoutError(f"nothing finished within {self.timeout_s}s (step {run.next_train})")
             if head and ready[0] == head[0]:
-                self._trained(run, history)
+                self._trained(run)
             elif ready[0] in run.probes:
                 self._probed(run, ready[0])
             else:
                 self._chunk_done(run, ready[0])
-        end = time.time()
-        history.timeline = sorted(self._events, key=lambda e: e.start)
-        bubbles = bubble_fractions(history.timeline, self._t0, end)
-        rollout = [bubbles.get(w.name, 1.0) for w in self.workers]
-        history.summary = {
-            "perf/bubble_frac_rollout": sum(rollout) / len(rollout),
-            "perf/bubble_frac_trainer": bubbles.get("trainer", 0.0),
-            "perf/samples_per_s": run.samples / (end - self._t0),
-            "perf/gen_tokens_per_s": run.tokens / (end - self._t0),
-            "time/total_s": end - self._t0,
-            "sync/weight_loads": float(sum(e.phase == "load_weights" for e in history.timeline)),
-            "faults/rollout_restarts": float(self.restarts),
-            "time/startup_s": startup,
-        }
-        return history
+        extra = {"faults/rollout_restarts": float(self.restarts), "time/startup_s": startup}
+        return recorder.finish([w.name for w in self.workers], extra)
+
+    def _submit(self, run: _RunState) -> None:
+        """Hand the trainer the next batch as soon as all its chunks are in. Up to two
+        steps are queued on the trainer actor, so it starts the next one (and Ray fetches
+        its data) without waiting for the driver's round trip."""
+        while len(run.training) < 2 and len(run.done.get(run.next_submit, {})) == len(run.sizes):
+            chunks = run.done.pop(run.next_submit)
+            ordered = [chunks[c] for c in range(len(chunks))]
+            run.training.append(self.trainer.train.remote(run.next_submit, *ordered))
+            run.next_submit += 1
 
     def _dispatch(self, run: _RunState) -> None:
         """Hand chunks to idle workers, in order, as far as published weights allow."""
@@ -258,11 +235,11 @@ class RayOrchestrator:
                 run.enqueued += 1
             if not run.queue:
                 return
-            weights = self._weights_for(run.queue[0].batch)
+            weights = self.published.find(self.schedule.required_version(run.queue[0].batch), self.schedule.exact)
             if weights is None:
                 return
             chunk, worker = run.queue.popleft(), run.idle.popleft()
-            version, (checksum, ref) = weights
+            version, checksum, ref = weights.version, weights.checksum, weights.weights
             chunk.attempts += 1
             key = f"b{chunk.batch}c{chunk.index}a{chunk.attempts}"
             seed = hash((self.seed, chunk.batch, chunk.index)) & 0x7FFF_FFFF  # ints hash stably
@@ -271,30 +248,16 @@ class RayOrchestrator:
             )
             run.inflight[meta_ref] = (worker, chunk, exp_ref)
 
-    def _trained(self, run: _RunState, history: RunHistory) -> None:
+    def _trained(self, run: _RunState) -> None:
         """A trainer step finished: record it, take its published weights, report."""
         out = ray.get(run.training.popleft())
-        now = time.time()
-        run.samples += out["samples"]
-        self._events += [TimelineEvent(*e) for e in out["events"]]
+        for event in out["events"]:
+            self.recorder.event(*event)
         if out["published"] is not None:
             self._add_published(out["published"])
-        metrics = out["metrics"]
-        metrics.update(
-            {
-                "step": float(run.next_train + 1),
-                "perf/samples_per_s": run.samples / (now - self._t0),
-                "perf/gen_tokens_per_s": run.tokens / (now - self._t0),
-                "time/step_s": now - run.last,
-                "faults/rollout_restarts": float(self.restarts),
-            }
-        )
-        run.last = now
-        history.steps.append(metrics)
-        history.staleness.append(out["staleness"])
+        out["metrics"]["faults/rollout_restarts"] = float(self.restarts)
+        self.recorder.step(out["metrics"], out["staleness"], out["samples"])
         run.next_train += 1
-        if self.on_metrics is not None:
-            self.on_metrics(run.next_train, metrics)
 
     def _chunk_done(self, run: _RunState, ref: Any) -> None:
         """A chunk finished (or its actor died): verify it and keep its experiences' reference."""
@@ -310,7 +273,7 @@ class RayOrchestrator:
             run.probes[worker.handle.pid.remote()] = worker
             return
         self._received(worker, chunk, meta)
-        run.tokens += meta["tokens"]
+        self.recorder.tokens += meta["tokens"]
         run.done[chunk.batch][chunk.index] = exp_ref
         run.idle.append(worker)
 
@@ -332,18 +295,8 @@ class RayOrchestrator:
 
     def _add_published(self, published: tuple[int, str, list[Any]]) -> None:
         version, checksum, ref = published
-        self._published[version] = (checksum, ref)
+        self.published.publish(version, ref, checksum)
         self.trainer_checksums[version] = checksum
-        while len(self._published) > self._keep:
-            self._published.popitem(last=False)
-
-    def _weights_for(self, batch: int) -> tuple[int, tuple[str, list[Any]]] | None:
-        needed = self.policy.required_version(batch)
-        if self.policy.kind == "exact":
-            entry = self._published.get(needed)
-            return None if entry is None else (needed, entry)
-        newest = next(reversed(self._published))
-        return (newest, self._published[newest]) if newest >= needed else None
 
     def _received(self, worker: _Worker, chunk: _Chunk, meta: dict[str, Any]) -> None:
         if meta["pid"] != worker.pid:  # restarted while idle: no call failed
@@ -351,10 +304,11 @@ class RayOrchestrator:
             worker.pid = meta["pid"]
         # The actor already verified its load against the trainer's checksum (it fails
         # the chunk otherwise); the log keeps both for inspection.
-        trainer_checksum = self.trainer_checksums[meta["version"]]
-        record = SyncRecord(worker.name, meta["pid"], chunk.batch, meta["version"], meta["checksum"], trainer_checksum)
-        self.sync_log.append(record)
-        self._events += [TimelineEvent(*e) for e in meta["events"]]
+        version, held = meta["version"], meta["checksum"]
+        record = WeightRecord(worker.name, meta["pid"], chunk.batch, version, held, self.trainer_checksums[version])
+        self.weight_log.append(record)
+        for event in meta["events"]:
+            self.recorder.event(*event)
 
     def _probed(self, run: _RunState, ref: Any) -> None:
         """A restarted worker answered (back to work), is still restarting (probe again),
@@ -378,7 +332,7 @@ class RayOrchestrator:
     def _restart_event(self, worker: _Worker) -> None:
         self.restarts += 1
         now = time.time()
-        self._events.append(TimelineEvent(worker.name, "restart", now, now))
+        self.recorder.event(worker.name, "restart", now, now)
 
 
 class _Bound:

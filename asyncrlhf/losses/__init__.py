@@ -7,17 +7,27 @@ of floats (clip fraction, ratio mean/max, M2, masked fraction, approximate KL…
 from asyncrlhf.losses.grpo import LossAgg, aggregate, compute_grpo_loss, group_advantages
 from asyncrlhf.losses.m2po import compute_m2po_loss, m2po_mask
 from asyncrlhf.losses.ppo import compute_ppo_loss
-from asyncrlhf.losses.registry import ALGORITHMS, PolicyLoss, make_policy_loss
+from asyncrlhf.losses.registry import (
+    BoundLoss,
+    PolicyLoss,
+    get_policy_loss,
+    policy_loss,
+    policy_losses,
+    register_policy_loss,
+)
 
 __all__ = [
-    "ALGORITHMS",
+    "BoundLoss",
     "LossAgg",
     "PolicyLoss",
     "aggregate",
     "compute_grpo_loss",
     "compute_m2po_loss",
     "compute_ppo_loss",
+    "get_policy_loss",
     "group_advantages",
     "m2po_mask",
-    "make_policy_loss",
+    "policy_loss",
+    "policy_losses",
+    "register_policy_loss",
 ]

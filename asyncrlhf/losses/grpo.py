@@ -18,6 +18,7 @@ import torch
 from asyncrlhf._checks import check_float, check_positive_int, check_rank, check_same_shape, check_tensor
 from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
 from asyncrlhf.losses.ppo import clipped_surrogate
+from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages", "group_advantages_scalar"]
 
@@ -100,6 +101,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg) ->
     raise ValueError(f"loss_agg must be one of {_LOSS_AGGS}, got {loss_agg!r}")
 
 
+@register_policy_loss("grpo")
 def compute_grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

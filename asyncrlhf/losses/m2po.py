@@ -22,6 +22,7 @@ import torch
 
 from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
 from asyncrlhf.losses.ppo import clipped_surrogate
+from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["compute_m2po_loss", "m2po_mask"]
 
@@ -76,6 +77,7 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     return keep.view_as(log_ratio) & valid
 
 
+@register_policy_loss("m2po")
 def compute_m2po_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
+from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["clipped_surrogate", "compute_ppo_loss"]
 
@@ -28,6 +29,7 @@ def clipped_surrogate(
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
+@register_policy_loss("ppo")
 def compute_ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

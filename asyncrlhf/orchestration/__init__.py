@@ -2,8 +2,9 @@
 
 from asyncrlhf.orchestration.evaluate import evaluate_accuracy
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
-from asyncrlhf.orchestration.orchestrator import MODES, Orchestrator, Schedule
+from asyncrlhf.orchestration.orchestrator import Orchestrator
 from asyncrlhf.orchestration.prompts import PromptQueue, PromptQueueClosed
+from asyncrlhf.orchestration.schedule import MODES, Schedule, StepRecorder, TrainerSide
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreClosed
 
@@ -15,7 +16,9 @@ __all__ = [
     "RunHistory",
     "Schedule",
     "Snapshot",
+    "StepRecorder",
     "TimelineEvent",
+    "TrainerSide",
     "VersionManager",
     "WeightStore",
     "WeightStoreClosed",

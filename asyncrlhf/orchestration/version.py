@@ -51,10 +51,5 @@ class VersionManager:
         with self._changed:
             return self._version - version
 
-    def wait_for(self, version: int, timeout: float | None = None) -> bool:
-        """Block until the current version is ≥ ``version``; False on timeout."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._version >= version, timeout=timeout)
-
     def __repr__(self) -> str:
         return f"VersionManager(version={self.version})"

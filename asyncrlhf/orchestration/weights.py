@@ -1,10 +1,11 @@
 """Published weight snapshots: how new policies reach rollout engines.
 
 The trainer publishes ``(version, weights, checksum)`` after its steps; rollout workers
-take the version they are allowed to use — an exact version (``sync``/``lagged``) or
-the newest one at or above a floor (``async``) — and verify the checksum after
-loading. A ring keeps the last ``keep`` versions so a lagged worker finds the exact
-snapshot it needs.
+take the version the schedule allows — an exact version (``sync``/``lagged``) or the
+newest one at or above a floor (``async``) — and verify the checksum after loading. A
+ring keeps the last ``keep`` versions (``Schedule.keep``) so a lagged worker finds the
+exact snapshot it needs. In process the weights are tensors; on Ray the driver keeps the
+same ring of object references.
 """
 
 from __future__ import annotations
@@ -64,26 +65,28 @@ class WeightStore:
                 self._snapshots.popitem(last=False)
             self._cond.notify_all()
 
-    @property
-    def latest_version(self) -> int:
-        """The newest published version, or -1 before the first publication."""
+    def find(self, version: int, exact: bool) -> Snapshot | None:
+        """Without waiting: the snapshot of exactly ``version`` (``exact``) or the newest
+        one if it is at least ``version``; None when not published yet.
+
+        Raises:
+            KeyError: ``exact`` and ``version`` already left the ring.
+        """
         with self._cond:
-            return next(reversed(self._snapshots)) if self._snapshots else -1
+            return self._find(version, exact)
 
-    def exact(self, version: int, timeout: float | None = None) -> Snapshot:
-        """The snapshot of exactly ``version``, waiting for it to be published."""
-        return self._wait(lambda: self._snapshots.get(version), version, timeout, exact=True)
-
-    def at_least(self, version: int, timeout: float | None = None) -> Snapshot:
-        """The newest snapshot, waiting until it is at least ``version``."""
-
-        def newest() -> Snapshot | None:
-            if not self._snapshots:
-                return None
-            snap = self._snapshots[next(reversed(self._snapshots))]
-            return snap if snap.version >= version else None
-
-        return self._wait(newest, version, timeout, exact=False)
+    def wait(self, version: int, exact: bool, timeout: float | None = None) -> Snapshot:
+        """As :meth:`find`, waiting until the snapshot is published."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while (snap := self._find(version, exact)) is None:
+                if self._closed:
+                    raise WeightStoreClosed(f"weight store closed while waiting for version {version}")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"no weights of version {'=' if exact else '>='}{version} within {timeout}s")
+                self._cond.wait(remaining)
+            return snap
 
     def close(self) -> None:
         """Wake every waiter with WeightStoreClosed."""
@@ -91,19 +94,13 @@ class WeightStore:
             self._closed = True
             self._cond.notify_all()
 
-    def _wait(self, find, version: int, timeout: float | None, exact: bool) -> Snapshot:  # type: ignore[no-untyped-def]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                snap = find()
-                if snap is not None:
-                    return snap
-                oldest = next(iter(self._snapshots), None)
-                if exact and oldest is not None and version < oldest:
-                    raise KeyError(f"version {version} left the ring (keep={self.keep}); oldest is {oldest}")
-                if self._closed:
-                    raise WeightStoreClosed(f"weight store closed while waiting for version {version}")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"no weights of version {'=' if exact else '>='}{version} within {timeout}s")
-                self._cond.wait(remaining)
+    def _find(self, version: int, exact: bool) -> Snapshot | None:
+        if not self._snapshots:
+            return None
+        if exact:
+            oldest = next(iter(self._snapshots))
+            if version < oldest:
+                raise KeyError(f"version {version} left the ring (keep={self.keep}); oldest is {oldest}")
+            return self._snapshots.get(version)
+        newest = self._snapshots[next(reversed(self._snapshots))]
+        return newest if newest.version >= version else None

@@ -4,7 +4,7 @@ from asyncrlhf.rollout.base import RolloutEngine, Sample
 from asyncrlhf.rollout.hf import HFEngine
 from asyncrlhf.rollout.stub import LatencyModelEngine, StubEngine
 from asyncrlhf.rollout.vllm import VLLMEngine
-from asyncrlhf.rollout.worker import RolloutWorker, WeightPolicy
+from asyncrlhf.rollout.worker import RolloutWorker
 
 __all__ = [
     "HFEngine",
@@ -14,5 +14,4 @@ __all__ = [
     "Sample",
     "StubEngine",
     "VLLMEngine",
-    "WeightPolicy",
 ]

@@ -12,7 +12,7 @@ one, which is real off-policyness and shows up in the ratio statistics.
 
 from __future__ import annotations
 
-import copy
+import copy as copy_module
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,7 +61,7 @@ class HFEngine(EngineBase):
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-        self.model = (_copy_model(model) if copy else model).eval()
+        self.model = (copy_module.deepcopy(model) if copy else model).eval()
         if device is not None:
             self.model.to(device)
         self.device = next(self.model.parameters()).device
@@ -151,7 +151,3 @@ def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keeps at least the top token
     drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
     return scaled.masked_fill(drop, float("-inf"))
-
-
-def _copy_model(model: Any) -> Any:
-    return copy.deepcopy(model)

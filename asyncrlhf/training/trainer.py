@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from asyncrlhf._checks import check_positive_int
-from asyncrlhf.losses import make_policy_loss
+from asyncrlhf.losses import policy_loss
 from asyncrlhf.models import token_logprobs, weights_checksum
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
@@ -49,8 +49,8 @@ class TrainerWorker:
     Args:
         model: the policy (a ``transformers`` causal LM), trained in place.
         pad_token_id: padding id for collation.
-        algorithm: ``"ppo"``, ``"m2po"`` or ``"grpo"``.
-        loss_options: options of the chosen loss (see ``make_policy_loss``).
+        algorithm: a registered policy loss (``"ppo"``, ``"m2po"``, ``"grpo"``…).
+        loss_options: options of the chosen loss (see :func:`~asyncrlhf.losses.policy_loss`).
         lr, weight_decay, betas: AdamW.
         grad_clip: max global gradient norm (None: no clipping).
         temperature: sampling temperature of the engines; log-probs are recomputed at it.
@@ -89,8 +89,7 @@ class TrainerWorker:
         self.model = model.to(device) if device is not None else model
         self.device = next(self.model.parameters()).device
         self.pad_token_id = pad_token_id
-        self.algorithm = algorithm
-        self.loss_fn = make_policy_loss(algorithm, **(loss_options or {}))
+        self.loss_fn = policy_loss(algorithm, **(loss_options or {}))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.grad_clip = grad_clip
         self.temperature = temperature

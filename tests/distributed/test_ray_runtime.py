@@ -6,8 +6,10 @@ import time
 
 import pytest
 
+from asyncrlhf.models import pretrained_policy
 from pipelines.run import build_orchestrator
 from pipelines.spec import load_spec
+from pipelines.warmstart import greedy_accuracy
 from tests.pipelines.conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -39,19 +41,21 @@ def test_two_workers_train_with_verified_weights_and_bounded_staleness(mode, bou
     assert sorted(orch.trainer_checksums) == list(range(11)) and len(set(orch.trainer_checksums.values())) == 11
     assert final_checksum != orch.trainer_checksums[0]
     # Both workers generated, with several versions, each load matching the trainer's checksum.
-    by_worker = {r.worker for r in orch.sync_log}
+    by_worker = {r.worker for r in orch.weight_log}
     assert by_worker == {"rollout-0", "rollout-1"}
-    assert len(orch.sync_log) == 2 * 10  # one chunk per worker per batch, none lost
-    assert all(r.checksum == r.trainer_checksum == orch.trainer_checksums[r.version] for r in orch.sync_log)
+    assert len(orch.weight_log) == 2 * 10  # one chunk per worker per batch, none lost
+    assert all(r.checksum == r.trainer_checksum == orch.trainer_checksums[r.version] for r in orch.weight_log)
     for worker in by_worker:
-        assert len({r.version for r in orch.sync_log if r.worker == worker}) >= 3
+        assert len({r.version for r in orch.weight_log if r.worker == worker}) >= 3
     # The staleness bound holds for every trained experience (exactly k in lagged mode).
     for step, taus in enumerate(history.staleness):
         assert len(taus) == 64 and max(taus) <= bound
         if mode == "lagged":
             assert set(taus) == {min(step, bound)}
     assert stats["pushed"] == 10 * 64 and stats["sampled"] == 10 * 64 and accounting_holds(stats)
-    assert history.initial_metrics["eval/accuracy"] >= 0 and "eval/accuracy" in history.steps[4]
+    # The trainer actor evaluates the shipped checkpoint exactly as a local greedy pass does.
+    start = greedy_accuracy(pretrained_policy(), load_spec(SPEC, SMALL))
+    assert history.initial_metrics["eval/accuracy"] == start and "eval/accuracy" in history.steps[4]
     assert history.summary["faults/rollout_restarts"] == 0
 
 
@@ -93,7 +97,7 @@ def test_a_killed_rollout_actor_restarts_and_the_run_finishes(ray_cluster):
     assert orch.restarts >= 1 and history.steps[-1]["faults/rollout_restarts"] >= 1
     assert any(e.phase == "restart" and e.worker == "rollout-0" for e in history.timeline)
     # rollout-0 served chunks from a new process after its restart, with verified weights.
-    served = [r for r in orch.sync_log if r.worker == "rollout-0"]
+    served = [r for r in orch.weight_log if r.worker == "rollout-0"]
     assert len({r.pid for r in served}) == 2 and all(r.checksum == r.trainer_checksum for r in served)
     # Every experience accounted for: each batch trained whole, nothing lost or doubled.
     assert stats["pushed"] == stats["sampled"] == 12 * 64 and accounting_holds(stats)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrlhf.orchestration import Orchestrator
+from asyncrlhf.orchestration import Orchestrator, Schedule, VersionManager
 from asyncrlhf.rollout import HFEngine
 from asyncrlhf.tasks import AdditionTask
 from asyncrlhf.training import TrainerWorker
@@ -21,10 +21,10 @@ def build(mode: str, steps_seed: int = 0, algorithm: str = "grpo", **kwargs) -> 
     task = AdditionTask(tok, digits=2, seed=0, eval_size=16)
     trainer = TrainerWorker(model, tok.pad_token_id, algorithm, lr=1e-2)
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=4, seed=1)
-    defaults = {"group_size": 4, "prompts_per_step": 4, "eval_problems": task.eval_problems(), "eval_every": 2}
-    defaults.update(kwargs)
+    fields = {"group_size": 4, "prompts_per_step": 4, "eval_every": 2}
+    fields.update({k: kwargs.pop(k) for k in list(kwargs) if k in Schedule.__dataclass_fields__})
     return Orchestrator(engine, trainer, task.train_problems(), even_first_token, tok.eos_token_id,
-                        tok.pad_token_id, mode=mode, **defaults)  # fmt: skip
+                        tok.pad_token_id, Schedule(mode, **fields), task.eval_problems(), **kwargs)  # fmt: skip
 
 
 def curve(history, key):  # type: ignore[no-untyped-def]
@@ -49,9 +49,9 @@ def test_lagged_k4_trains_on_data_exactly_4_versions_old():
     assert history.steps[-1]["staleness/max"] == 4.0
 
 
-@pytest.mark.parametrize(("max_staleness", "sync_every"), [(1, 1), (2, 3)])
-def test_async_respects_the_staleness_bound_and_accounts_for_everything(max_staleness, sync_every):
-    orchestrator = build("async", max_staleness=max_staleness, sync_every=sync_every)
+@pytest.mark.parametrize(("max_staleness", "publish_every"), [(1, 1), (2, 3)])
+def test_async_respects_the_staleness_bound_and_accounts_for_everything(max_staleness, publish_every):
+    orchestrator = build("async", max_staleness=max_staleness, publish_every=publish_every)
     history = orchestrator.run(8)
     trained = [tau for step in history.staleness for tau in step]
     assert len(trained) == 8 * 16 and max(trained) <= max_staleness
@@ -67,7 +67,7 @@ def test_weight_sync_is_checksum_verified():
     orchestrator.run(4)
     engine, store = orchestrator.engine, orchestrator.weights
     assert engine.version >= 3
-    assert engine.checksum() == store.exact(engine.version).checksum
+    assert engine.checksum() == store.find(engine.version, exact=True).checksum
     assert orchestrator.worker.weight_loads >= 4  # the forced initial load and later syncs
 
 
@@ -116,10 +116,25 @@ def test_a_failing_rollout_worker_surfaces_instead_of_hanging():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"mode": "eager"}, "mode"), ({"mode": "async", "max_staleness": 0, "sync_every": 2}, "sync_every"),
+    [({"mode": "eager"}, "mode"), ({"mode": "async", "max_staleness": 0, "publish_every": 2}, "publish_every"),
      ({"group_size": 0}, "group_size"), ({"mode": "lagged", "lag": -1}, "lag")],
 )  # fmt: skip
 def test_bad_settings_fail_clearly(kwargs, match):
     mode = kwargs.pop("mode", "sync")
     with pytest.raises(ValueError, match=match):
         build(mode, **kwargs)
+
+
+def test_the_schedule_says_which_weights_each_batch_uses_and_what_to_keep():
+    lagged, asynchronous, sync = (
+        Schedule("lagged", lag=3),
+        Schedule("async", max_staleness=2, publish_every=3),
+        Schedule(),
+    )
+    assert [lagged.required_version(n) for n in range(6)] == [0, 0, 0, 0, 1, 2] and lagged.exact
+    assert lagged.keep == 5 and lagged.bound == 3
+    assert [asynchronous.required_version(n) for n in range(5)] == [0, 0, 0, 1, 2] and not asynchronous.exact
+    assert asynchronous.keep == 2 and [v for v in range(1, 10) if asynchronous.publishes_after(v)] == [3, 6, 9]
+    assert sync.bound == 0 and all(sync.publishes_after(v) for v in range(1, 5))
+    assert [s for s in range(6) if Schedule(eval_every=2).evaluates_after(s)] == [1, 3, 5]
+    assert Schedule(prompts_per_step=4, lag=3, mode="lagged").make_buffer(VersionManager()).max_groups == 4 * 5

@@ -57,7 +57,7 @@ BAD = [
     ("name: [unclosed\n", ["malformed YAML"]),
     ("rewards:\n  - kind: no_such_reward\n", ["rewards.0.kind", "no_such_reward"]),
     ("orchestrator:\n  mode: lagged\n", ["orchestrator.lag"]),
-    ("orchestrator:\n  mode: async\n  sync_every: 5\n", ["orchestrator.sync_every=5"]),
+    ("orchestrator:\n  mode: async\n  publish_every: 5\n", ["orchestrator.publish_every=5"]),
     ("- just\n- a list\n", ["mapping"]),
     ("rollout:\n  workers: 2\n", ["rollout.workers=2", "runtime.kind 'ray'"]),
     ("runtime:\n  address: auto\n", ["runtime", "address 'auto'", "kind 'ray'"]),
@@ -121,3 +121,26 @@ def test_flatten_and_hash_are_stable():
     flat = flatten(spec)
     assert flat["trainer.lr"] == "0.0003" and flat["rewards.0.kind"] == "exact_match"
     assert spec_hash(spec) == spec_hash(ExperimentSpec()) != spec_hash(ExperimentSpec(seed=1))
+
+
+def test_the_old_sync_every_key_still_reads_with_a_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("orchestrator:\n  mode: async\n  sync_every: 2\nbuffer:\n  max_staleness: 1\n")
+    with pytest.warns(FutureWarning, match="publish_every"):
+        spec = load_spec(path)
+    assert spec.orchestrator.publish_every == 2 and spec.to_schedule().publish_every == 2
+    with pytest.raises(SpecError, match="give only publish_every"):
+        load_spec(path, ["orchestrator.publish_every=1"])
+
+
+def test_the_algorithm_section_is_one_model_per_algorithm(tmp_path):
+    spec = spec_from_dict({"algorithm": {"clip_eps": 0.3}})  # no name: GRPO, the default
+    assert spec.algorithm.name == "grpo" and spec.algorithm.loss_options() == {
+        "clip_eps": 0.3, "kl_coef": 0.0, "loss_agg": "seq-mean-token-mean",
+    }  # fmt: skip
+    m2po = spec_from_dict({"algorithm": {"name": "m2po", "m2_clip": True}}).algorithm
+    assert m2po.loss_options() == {"m2_threshold": 0.04, "mode": "batch", "clip_eps": 0.2}
+    with pytest.raises(SpecError, match=r"algorithm.m2_threshold: unknown key for algorithm 'grpo' \(value 0.1\)"):
+        spec_from_dict({"algorithm": {"name": "grpo", "m2_threshold": 0.1}})
+    with pytest.raises(SpecError, match="'sgd'"):
+        spec_from_dict({"algorithm": {"name": "sgd"}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -29,9 +30,12 @@ class EngineContract:
             assert (s.logprobs <= 0).all()
             assert s.policy_version == engine.version
 
-    def test_async_variant(self):
+    def test_async_variant_samples_what_the_sync_call_samples(self):
         samples = asyncio.run(self.make().agenerate(PROMPTS, num_samples=2))
-        assert len(samples) == 4
+        expected = self.make().generate(PROMPTS, num_samples=2)  # a fresh engine: the same seed
+        assert [s.prompt_index for s in samples] == [0, 0, 1, 1]
+        for got, want in zip(samples, expected, strict=True):
+            assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.logprobs, want.logprobs)
 
     def test_load_weights_sets_the_version(self):
         engine = self.make()
@@ -79,16 +83,23 @@ def test_hf_engine_is_reproducible_and_ignores_the_global_rng():
 
 def test_hf_engine_stops_rows_at_eos_and_pads_nothing_into_responses():
     model, tok = small_model()
+    vocab, hidden = model.lm_head.weight.shape
+    head = torch.nn.Linear(hidden, vocab, bias=True)
+    with torch.no_grad():  # uniform logits, EOS with probability 1/2 at every position
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = math.log(vocab - 1)
+    model.lm_head = head
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=8, seed=0)
-    with torch.no_grad():  # make EOS overwhelmingly likely: every row ends after one token
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[tok.eos_token_id] = 0.0
-        model.model.embed_tokens.weight[tok.eos_token_id].fill_(1.0)
-    engine.load_weights(model.state_dict(), 1)
-    for s in engine.generate(PROMPTS, 3):
-        eos_at = (s.response_ids == tok.eos_token_id).nonzero()
-        if eos_at.numel():
-            assert eos_at[0].item() == s.response_ids.shape[0] - 1  # EOS is the last token kept
+    samples = engine.generate(PROMPTS, 8)
+    lengths = []
+    for s in samples:
+        eos_at = (s.response_ids == tok.eos_token_id).nonzero().flatten().tolist()
+        assert eos_at in ([], [s.response_ids.shape[0] - 1])  # EOS only as the last token kept
+        assert eos_at or s.response_ids.shape[0] == 8  # no EOS: the row ran to max_new_tokens
+        lengths.append(s.response_ids.shape[0])
+    # Rows end at different lengths in the same batch (so the check above saw real EOS stops).
+    assert sum(length < 8 for length in lengths) >= 4 and len(set(lengths)) >= 3
 
 
 def test_hf_engine_temperature_and_top_p_validation():
