@@ -169,8 +169,7 @@ def sweep(
 ) -> None:
     """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
     from asyncrlhf.distributed import ray_runtime
-    from pipelines.spec import load_sweep
-    from pipelines.sweep import format_value, run_sweep
+    from pipelines.sweeps import format_value, load_sweep, run_sweep
 
     try:
         spec, base = load_sweep(sweep_file, set_ or [])
@@ -200,13 +199,12 @@ def sweep(
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]: run the same command again to resume")
         raise typer.Exit(130) from None
-    objective = f"{spec.objective} (mean ± 95% CI)" if spec.seeds else spec.objective
-    table = Table(title=f"{spec.name}: trials by {objective}")
-    for column in ["rank", "trial", "state", objective, *spec.space]:
+    head, cells = result.report.display()
+    table = Table(title=f"{spec.name}: trials by {result.report.objective_label}")
+    for column in head:
         table.add_column(column)
-    for rank, row in enumerate(result.rows, 1):
-        params = (_short(row["params"].get(k, "")) for k in spec.space)
-        table.add_row(str(rank), str(row["number"]), row["state"], format_value(row), *params)
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
     done = "complete" if result.complete else f"partial ({len(result.rows)}/{spec.num_trials}): run it again to resume"
     console.print(f"{done}. MLflow parent run {result.parent_run_id} in {result.tracking_uri}; study {result.storage}")

@@ -2,22 +2,24 @@
 
 An experiment is a YAML file validated into :class:`ExperimentSpec`. Unknown keys fail at
 once (``extra="forbid"``), cross-field rules live in model validators, and a default
-lives here and nowhere else. ``load_spec(path, ["trainer.lr=1e-4"])`` applies dotted
-overrides before validation, so they are typed by the schema like the file itself.
+lives here and nowhere else (a loss's options default to the loss's own signature).
+``load_spec(path, ["trainer.lr=1e-4"])`` applies dotted overrides before validation
+(:mod:`pipelines.specfile`), so they are typed by the schema like the file itself.
+Sections map onto the core's config objects: ``spec.to_schedule()`` is the run's
+:class:`~asyncrlhf.orchestration.Schedule`, ``spec.algorithm`` names a registered loss
+and its options. Sweeps have their own schema (:mod:`pipelines.sweeps.spec`).
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import inspect
-import json
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipelines.specfile import SpecError, apply_overrides, read_yaml
 
 __all__ = [
     "ALGORITHM_NAMES",
@@ -30,31 +32,17 @@ __all__ = [
     "ModelSpec",
     "OrchestratorSpec",
     "PPOSpec",
-    "PrunerSpec",
-    "RangeSpec",
     "RewardTermSpec",
     "RolloutSpec",
     "RuntimeSpec",
     "SpecError",
-    "SweepRuntimeSpec",
-    "SweepSpec",
     "TaskSpec",
     "TrackingSpec",
     "TrainerSpec",
-    "TrialResourcesSpec",
-    "apply_overrides",
-    "flatten",
+    "format_validation_error",
     "load_spec",
-    "load_sweep",
-    "set_path",
     "spec_from_dict",
-    "spec_hash",
-    "sweep_base",
 ]
-
-
-class SpecError(ValueError):
-    """A spec that cannot run; the message names each bad field and its value."""
 
 
 class _Section(BaseModel):
@@ -375,7 +363,8 @@ class ExperimentSpec(_Section):
 
 
 # ---------------------------------------------------------------------------- loading
-def _format_error(err: ValidationError, data: Any) -> str:
+def format_validation_error(err: ValidationError, data: Any = None) -> str:
+    """One line naming every bad field and its value (a union's tag left out of the path)."""
     lines = []
     for item in err.errors():
         parts, where = list(item["loc"]), ""
@@ -394,48 +383,6 @@ def _format_error(err: ValidationError, data: Any) -> str:
     return "; ".join(lines)
 
 
-def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """Set ``data[a][b] = value`` for ``key == "a.b"``, creating sections as needed."""
-    parts = key.strip().split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise SpecError(f"{key}: {part!r} is not a section")
-        node = child
-    node[parts[-1]] = value
-    return data
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Set ``a.b=value`` overrides in a nested dict; values are parsed as YAML scalars."""
-    for override in overrides:
-        key, sep, raw = override.partition("=")
-        if not sep or not key.strip():
-            raise SpecError(f"override {override!r} is not of the form key.path=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as err:
-            raise SpecError(f"override {override!r}: value is not valid YAML: {err}") from err
-        try:
-            set_path(data, key, value)
-        except SpecError as err:
-            raise SpecError(f"override {override!r}: {err}") from None
-    return data
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise SpecError(f"spec file {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from err
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return data
-
-
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentSpec:
     """Read a YAML experiment, apply dotted overrides, validate.
 
@@ -443,215 +390,11 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         SpecError: one message naming every bad field and its value.
     """
     path = Path(path)
-    return spec_from_dict(apply_overrides(_read_yaml(path), overrides), source=str(path))
+    return spec_from_dict(apply_overrides(read_yaml(path), overrides), source=str(path))
 
 
 def spec_from_dict(data: dict[str, Any], source: str = "spec") -> ExperimentSpec:
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(f"{source}: {_format_error(err, data)}") from None
-
-
-def flatten(spec: BaseModel) -> dict[str, str]:
-    """The resolved spec as dotted ``key: value`` strings (MLflow params)."""
-    out: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, child in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), child)
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for index, child in enumerate(value):
-                walk(f"{prefix}.{index}", child)
-        else:
-            out[prefix] = json.dumps(value) if isinstance(value, list | type(None)) else str(value)
-
-    walk("", spec.model_dump(mode="json"))
-    return out
-
-
-def spec_hash(spec: BaseModel) -> str:
-    """A stable short hash of the resolved spec."""
-    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
-
-
-# ---------------------------------------------------------------------------- sweeps
-class RangeSpec(_Section):
-    """A numeric Optuna range: ``{low, high, log, step, type}``."""
-
-    low: float = Field(description="Lower bound (inclusive).")
-    high: float = Field(description="Upper bound (inclusive).")
-    log: bool = Field(False, description="Sample on a log scale.")
-    step: float | None = Field(None, gt=0, description="Quantisation step (not with log).")
-    type: Literal["float", "int"] = Field("float", description="'int' for integer fields.")
-
-    @model_validator(mode="after")
-    def _check(self) -> RangeSpec:
-        if not self.low < self.high:
-            raise ValueError(f"low={self.low} must be below high={self.high}")
-        if self.log and self.low <= 0:
-            raise ValueError(f"log scale needs low > 0, got {self.low}")
-        if self.log and self.step is not None:
-            raise ValueError("step and log cannot be combined")
-        return self
-
-    def probe(self) -> float | int:
-        """A value inside the range, to check the field accepts this type."""
-        return int(self.low) if self.type == "int" else self.low
-
-
-class PrunerSpec(_Section):
-    kind: Literal["median", "none"] | None = Field(
-        None, description="'median' (Optuna's MedianPruner) or 'none'; null: median for optuna, none for grid."
-    )
-    n_startup_trials: int = Field(2, ge=0, description="Trials that complete before any pruning.")
-    n_warmup_steps: int = Field(0, ge=0, description="Steps of a trial before it may be pruned.")
-
-
-class TrialResourcesSpec(_Section):
-    num_cpus: float = Field(1.0, gt=0, description="CPUs one trial reserves on the cluster.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs one trial reserves.")
-
-
-class SweepRuntimeSpec(_Section):
-    address: str | None = Field(
-        None, description="Ray cluster to run trials on ('auto', 'ray://head:10001'); null: a local cluster."
-    )
-    num_cpus: int = Field(2, ge=1, description="CPUs of the local cluster started when address is null.")
-
-
-class SweepSpec(_Section):
-    """Many experiments: a base experiment, a search space over its dotted fields, and
-    how to search it (the full grid, or an Optuna study)."""
-
-    name: str = Field(min_length=1, description="Sweep name: the MLflow parent run and the Optuna study.")
-    description: str = Field("", description="What the sweep is for.")
-    base: str | dict[str, Any] = Field(
-        description="Base experiment: a YAML path (relative to the sweep file) or an inline mapping."
-    )
-    overrides: list[str] = Field(default_factory=list, description="Dotted key=value overrides of the base.")
-    method: Literal["grid", "optuna"] = Field("grid", description="'grid': every combination; 'optuna': TPE.")
-    space: dict[str, list[Any] | RangeSpec] = Field(
-        min_length=1, description="Dotted experiment field → list of values, or an Optuna range (optuna only)."
-    )
-    objective: str = Field("eval/accuracy", min_length=1, description="Metric to optimise (its last value).")
-    direction: Literal["maximize", "minimize"] = Field("maximize", description="Optimisation direction.")
-    trials: int | None = Field(None, ge=1, description="Number of trials (grid: default the whole grid).")
-    parallel: int = Field(2, ge=1, description="Trials running at the same time.")
-    seed: int = Field(0, ge=0, description="Seeds the Optuna sampler.")
-    seeds: list[int] | None = Field(
-        None,
-        description="Run every configuration once per seed (the experiment's `seed`: sampling and data order, "
-        "not the start checkpoint); its value is the seed mean, summaries give mean, std, 95% CI and n. "
-        "null: one run at the base's seed.",
-    )
-    pruner: PrunerSpec = Field(default_factory=PrunerSpec, description="optuna: early stopping of poor trials.")
-    storage: str | None = Field(None, description="Optuna storage URL; null: sqlite:///mlflow/optuna.db.")
-    trial_resources: TrialResourcesSpec = Field(
-        default_factory=TrialResourcesSpec, description="Cluster resources of one trial."
-    )
-    runtime: SweepRuntimeSpec = Field(default_factory=SweepRuntimeSpec, description="Where the trials run.")
-    tracking: TrackingSpec = Field(
-        default_factory=lambda: TrackingSpec(experiment="sweeps"), description="MLflow (parent and child runs)."
-    )
-
-    @field_validator("space")
-    @classmethod
-    def _values(cls, space: dict[str, Any]) -> dict[str, Any]:
-        for key, values in space.items():
-            if isinstance(values, list) and not values:
-                raise ValueError(f"{key}: empty list of values")
-        return space
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, seeds: list[int] | None) -> list[int] | None:
-        if seeds is None:
-            return None
-        if not seeds:
-            raise ValueError("empty list: give at least one seed, or leave seeds out")
-        negative = [s for s in seeds if s < 0]
-        if negative:
-            raise ValueError(f"every seed must be ≥ 0: {negative} are not")
-        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-        if repeated:
-            raise ValueError(f"duplicate seeds {repeated}: each seed runs once per configuration")
-        return seeds
-
-    @model_validator(mode="after")
-    def _check(self) -> SweepSpec:
-        if self.seeds is not None and "seed" in self.space:
-            raise ValueError("space.seed and seeds both vary the seed: keep one (seeds: [...] gives mean ± CI)")
-        if self.method == "grid":
-            ranges = [key for key, values in self.space.items() if not isinstance(values, list)]
-            if ranges:
-                raise ValueError(f"grid sweeps need lists of values; {ranges} are ranges (use method 'optuna')")
-            if self.trials is not None and self.trials > self.grid_size:
-                raise ValueError(f"trials={self.trials} exceeds the grid's {self.grid_size} combinations")
-        elif self.trials is None:
-            raise ValueError("optuna sweeps need trials")
-        if self.runtime.address is None and self.trial_resources.num_cpus > self.runtime.num_cpus:
-            raise ValueError(
-                f"trial_resources.num_cpus={self.trial_resources.num_cpus:g} exceeds the local cluster's "
-                f"runtime.num_cpus={self.runtime.num_cpus}: no trial could start"
-            )
-        return self
-
-    @property
-    def grid_size(self) -> int:
-        size = 1
-        for values in self.space.values():
-            size *= len(values) if isinstance(values, list) else 0
-        return size
-
-    @property
-    def num_trials(self) -> int:
-        return self.trials if self.trials is not None else self.grid_size
-
-    @property
-    def prunes(self) -> bool:
-        kind = self.pruner.kind or ("median" if self.method == "optuna" else "none")
-        return kind == "median"
-
-    @property
-    def study_name(self) -> str:
-        return self.name
-
-
-def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[SweepSpec, dict[str, Any]]:
-    """Read and validate a sweep file; returns the sweep and its base experiment as a
-    mapping (base file + the sweep's overrides), checked against the search space.
-
-    Every swept field is tried with one of its values so a typo in a dotted path fails
-    here, naming the key, before any trial starts.
-    """
-    path = Path(path)
-    data = apply_overrides(_read_yaml(path), overrides)
-    try:
-        sweep = SweepSpec.model_validate(data)
-    except ValidationError as err:
-        raise SpecError(f"{path}: {_format_error(err, data)}") from None
-    return sweep, sweep_base(sweep, path.parent)
-
-
-def sweep_base(sweep: SweepSpec, folder: Path = Path(".")) -> dict[str, Any]:
-    """The base experiment mapping of ``sweep`` (paths relative to ``folder``), validated
-    with every swept field."""
-    if isinstance(sweep.base, dict):
-        base, source = copy.deepcopy(sweep.base), f"{sweep.name}: base"
-    else:
-        candidate = folder / sweep.base
-        base_path = candidate if candidate.is_file() else Path(sweep.base)
-        base, source = _read_yaml(base_path), str(base_path)
-    base = apply_overrides(base, sweep.overrides)
-    spec = spec_from_dict(copy.deepcopy(base), source=source)
-    if spec.runtime.kind != "local":
-        raise SpecError(f"{source}: runtime.kind={spec.runtime.kind!r}: each sweep trial runs as one Ray task, locally")
-    for key, values in sweep.space.items():
-        probe = values[0] if isinstance(values, list) else values.probe()
-        try:
-            spec_from_dict(set_path(copy.deepcopy(base), key, probe), source=source)
-        except SpecError as err:
-            raise SpecError(f"space.{key}={probe!r}: {err}") from None
-    return base
+        raise SpecError(f"{source}: {format_validation_error(err, data)}") from None

@@ -23,9 +23,18 @@ from typing import Any
 import yaml
 
 from asyncrlhf.orchestration import RunHistory
-from pipelines.spec import ExperimentSpec, TrackingSpec, flatten, spec_hash
+from pipelines.spec import ExperimentSpec, TrackingSpec
+from pipelines.specfile import flatten, spec_hash
 
-__all__ = ["DEFAULT_TRACKING_URI", "Tracker", "artifact_root_for", "experiment_id_for", "resolve_tracking_uri"]
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "Tracker",
+    "artifact_root_for",
+    "end_run",
+    "experiment_id_for",
+    "new_run",
+    "resolve_tracking_uri",
+]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
 _MAX_PARAMS, _MAX_METRICS = 100, 1000  # per log_batch request (MLflow REST limits)
@@ -52,6 +61,34 @@ def experiment_id_for(client: Any, name: str, uri: str) -> str:
     if experiment is not None:
         return experiment.experiment_id
     return client.create_experiment(name, artifact_location=artifact_root_for(uri))
+
+
+def new_run(
+    client: Any, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, str] | None = None
+) -> str:
+    """Create a run in ``experiment`` (created if new) with its tags and params; its id."""
+    from mlflow.entities import Param
+
+    experiment_id = experiment_id_for(client, experiment, client.tracking_uri)
+    run_id = client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+    batch = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
+    for i in range(0, len(batch), _MAX_PARAMS):
+        client.log_batch(run_id, params=batch[i : i + _MAX_PARAMS], synchronous=True)
+    return run_id
+
+
+def end_run(client: Any, run_id: str, status: str, label: str, tags: dict[str, str] | None = None) -> None:
+    """Terminate a run as ``status`` (FINISHED, FAILED, KILLED) with its
+    ``asyncrlhf.status`` tag (``label``) and any further tags; a run deleted from the
+    store is nothing to end."""
+    from mlflow.entities import RunTag
+
+    try:
+        batch = [RunTag("asyncrlhf.status", label), *(RunTag(k, v) for k, v in (tags or {}).items())]
+        client.log_batch(run_id, tags=batch, synchronous=True)
+        client.set_terminated(run_id, status=status)
+    except Exception:
+        pass
 
 
 def _git_commit() -> str | None:

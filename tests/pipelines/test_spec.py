@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.spec import ExperimentSpec, SpecError, flatten, load_spec, load_sweep, spec_from_dict, spec_hash
+from pipelines.spec import ExperimentSpec, SpecError, load_spec, spec_from_dict
+from pipelines.specfile import flatten, spec_hash
+from pipelines.sweeps import load_sweep
 
 SHIPPED = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
 SWEEPS = [p for p in SHIPPED if "space" in yaml.safe_load(p.read_text())]

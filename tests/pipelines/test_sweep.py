@@ -11,8 +11,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from pipelines.spec import SpecError, load_sweep
-from pipelines.sweep import default_storage, run_sweep
+from pipelines.specfile import SpecError
+from pipelines.sweeps import default_storage, load_sweep, run_sweep
 from tests.pipelines.conftest import REPO, cli, env
 
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
@@ -127,7 +127,7 @@ def test_an_interrupted_optuna_sweep_resumes_without_rerunning(store, tmp_path):
     assert all(again[n] == kept[n] for n in kept)  # finished trials kept as they were
     study = optuna.load_study(study_name="resume", storage=storage)
     interrupted = study.trials[lost.number]
-    assert interrupted.state.name == "FAIL" and interrupted.user_attrs["interrupted"]
+    assert interrupted.state.name == "FAIL" and lost.number in study.user_attrs["interrupted"]
     rerun = [t for t in study.trials if t.number > lost.number and t.params == lost_params]
     assert len(rerun) == 1 and rerun[0].state.name == "COMPLETE"  # its parameters queued again and run
     assert len(study.trials) == 5  # 2 + the interrupted one + 2, nothing rerun twice

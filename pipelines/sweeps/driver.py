@@ -1,0 +1,431 @@
+"""The sweep driver: configurations from Optuna, runs on Ray actors, results into MLflow.
+
+The driver (this process) is the only writer of both stores. A trial is one
+configuration; with ``seeds: [0, 1, 2]`` it runs once per seed and its value (what
+Optuna optimises and prunes on) is the seed mean. Each run is a Ray actor (sized by
+``trial_resources``) running one local experiment; the driver polls it for new metrics
+every ``poll_s``, streams them to the run's own MLflow child run, reports each eval
+step's seed mean to Optuna once every seed has reached it, and stops the configuration
+when the pruner says so. A run that raises, or whose actor dies, fails its trial (its
+other seeds are stopped) and the sweep goes on.
+
+MLflow: one parent run per sweep (reopened on resume), one nested child run per trial
+and seed with the full resolved spec as params and the swept values and seed as tags,
+and at the end the :class:`~pipelines.sweeps.report.SweepReport` on the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelines.spec import spec_from_dict
+from pipelines.specfile import SpecError, flatten, set_path
+from pipelines.sweeps import study as studies
+from pipelines.sweeps.report import SweepReport, trial_rows
+from pipelines.sweeps.spec import SweepSpec
+from pipelines.tracking import Tracker, end_run, new_run, resolve_tracking_uri
+
+__all__ = ["SweepResult", "TrialRunner", "run_sweep"]
+
+
+class TrialStopped(Exception):
+    """Raised inside a trial when the driver asks it to stop (pruning)."""
+
+
+class TrialRunner:
+    """A Ray actor running one experiment, polled by the driver for its metrics.
+
+    Threaded (``max_concurrency`` > 1): ``run`` occupies one thread while ``poll`` and
+    ``stop`` answer in others.
+    """
+
+    def __init__(self, torch_threads: int) -> None:
+        torch.set_num_threads(torch_threads)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, dict[str, float]]] = []
+        self._stop = False
+
+    def _on_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        with self._lock:
+            self._pending.append((step, dict(metrics)))
+            if self._stop:
+                raise TrialStopped(f"stopped by the sweep at step {step}")
+
+    def run(self, spec_data: dict[str, Any]) -> dict[str, Any]:
+        from pipelines.run import run_experiment
+
+        spec = spec_from_dict(spec_data, source="trial")
+        try:
+            result = run_experiment(spec, on_metrics=self._on_metrics, track=False)
+        except TrialStopped:
+            return {"state": "pruned"}
+        return {"state": "complete", "history": result.history, "final": result.final_metrics}
+
+    def poll(self) -> list[tuple[int, dict[str, float]]]:
+        with self._lock:
+            out, self._pending = self._pending, []
+        return out
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+
+
+@dataclass
+class SweepResult:
+    """What a sweep call returns: the study's trials (this call's and earlier ones)."""
+
+    parent_run_id: str
+    study_name: str
+    storage: str
+    report: SweepReport
+    ran: int  # trials started by this call
+    tracking_uri: str
+    complete: bool
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.report.rows
+
+
+@dataclass
+class _Config:
+    """One Optuna trial: a configuration, run once per seed; its value is the seed mean."""
+
+    trial: Any
+    params: dict[str, Any]
+    data: dict[str, Any]  # the experiment mapping: base + params
+    pending: list[int]  # seeds not launched yet
+    jobs: dict[int, _Job] = field(default_factory=dict)  # launched, by seed
+    values: dict[int, float] = field(default_factory=dict)  # final objective by seed
+    curves: dict[int, dict[int, float]] = field(default_factory=dict)  # step → seed → objective
+    reported: set[int] = field(default_factory=set)
+    error: str | None = None
+    pruned: bool = False
+
+    @property
+    def stopping(self) -> bool:
+        return self.pruned or self.error is not None
+
+    @property
+    def done(self) -> bool:
+        return not self.pending and all(job.done for job in self.jobs.values())
+
+
+@dataclass
+class _Job:
+    """One seed of a configuration, in its own actor, streaming to its own child run."""
+
+    config: _Config
+    seed: int
+    actor: Any
+    tracker: Tracker
+    done: bool = False
+
+
+def run_sweep(
+    sweep: SweepSpec,
+    base: dict[str, Any],
+    max_trials: int | None = None,
+    on_trial: Callable[[dict[str, Any]], None] | None = None,
+    poll_s: float = 1.0,
+) -> SweepResult:
+    """Run (or resume) a sweep until it has ``sweep.num_trials`` finished trials, or this
+    call has started ``max_trials``. Ray must be initialised (see ``ray_runtime``).
+
+    Args:
+        sweep: the sweep.
+        base: its base experiment mapping (from :func:`~pipelines.sweeps.load_sweep`).
+        max_trials: a budget of trials for this call (None: until the target).
+        on_trial: called with each trial's summary row as it finishes.
+        poll_s: how often running trials are polled for metrics.
+    """
+    from mlflow import MlflowClient
+
+    _check_resources(sweep)
+    uri = resolve_tracking_uri(sweep.tracking.uri)
+    client = MlflowClient(tracking_uri=uri)
+    storage = sweep.storage or studies.default_storage(uri)
+    study = studies.make_study(sweep, base, storage)
+    for stale in studies.stale_trials(study):  # left RUNNING by a killed driver
+        _interrupt(study, client, stale.number, stale.params, stale.user_attrs.get("mlflow_run_ids", {}).values())
+    parent = _parent_run(client, sweep, study, storage)
+    driver = _Driver(sweep, base, study, client, parent, max_trials, on_trial)
+    try:
+        driver.run(poll_s)
+    except BaseException:
+        driver.interrupt()
+        end_run(client, parent, "KILLED", "interrupted")
+        raise
+    report = SweepReport(sweep, trial_rows(study, sweep))
+    complete = len(studies.counted(study)) >= sweep.num_trials
+    _log_summary(client, parent, report, complete)
+    return SweepResult(parent, sweep.study_name, storage, report, driver.started, uri, complete)
+
+
+def _check_resources(sweep: SweepSpec) -> None:
+    import ray
+
+    total = ray.cluster_resources()
+    for resource, need in [("CPU", sweep.trial_resources.num_cpus), ("GPU", sweep.trial_resources.num_gpus)]:
+        if need > total.get(resource, 0.0):
+            raise SpecError(
+                f"trial_resources.num_{resource.lower()}s={need:g} but the Ray cluster has "
+                f"{total.get(resource, 0.0):g} {resource}s: no trial could start"
+            )
+
+
+def _interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_ids: Any) -> None:
+    """The one interrupt path: the trial is failed and queued again, its runs KILLED."""
+    studies.interrupt(study, number, params)
+    for run_id in run_ids:
+        end_run(client, run_id, "KILLED", "interrupted")
+
+
+def _parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
+    run_id = study.user_attrs.get("mlflow_parent_run_id")
+    if run_id is not None:
+        try:
+            client.update_run(run_id, status="RUNNING")
+            return run_id
+        except Exception:  # the parent lives in another store: start a new one
+            pass
+    tags = {"sweep.name": sweep.name, "sweep.method": sweep.method, "sweep.objective": sweep.objective,
+            "sweep.storage": storage, "asyncrlhf.status": "running", **sweep.tracking.tags}  # fmt: skip
+    run_id = new_run(client, sweep.tracking.experiment, sweep.name, tags, flatten(sweep))
+    study.set_user_attr("mlflow_parent_run_id", run_id)
+    return run_id
+
+
+def _log_summary(client: Any, parent: str, report: SweepReport, complete: bool) -> None:
+    """The report's files and plots, counts and the best configuration, on the parent."""
+    from mlflow.entities import Metric
+
+    sweep, rows = report.sweep, report.rows
+    with tempfile.TemporaryDirectory(prefix="asyncrlhf-sweep-") as tmp:
+        for path in report.write(Path(tmp)):
+            client.log_artifact(parent, str(path), "summary")
+    now = int(time.time() * 1000)
+    states = [r["state"] for r in rows]
+    metrics = [Metric(f"sweep/{s.lower()}", float(states.count(s)), now, 0) for s in ("COMPLETE", "PRUNED", "FAIL")]
+    tags = {"sweep.status": "complete" if complete else "partial"}
+    best = next((r for r in rows if r["state"] == "COMPLETE"), None)
+    if best is not None:
+        metrics.append(Metric(f"best/{sweep.objective}", float(best["value"]), now, 0))
+        if best["ci95"] is not None:
+            metrics.append(Metric(f"best/{sweep.objective}_ci95", float(best["ci95"]), now, 0))
+        tags.update({"sweep.best_trial": str(best["number"]), "sweep.best_params": json.dumps(best["params"])})
+    client.log_batch(parent, metrics=metrics, synchronous=True)
+    end_run(client, parent, "FINISHED", "finished", tags)
+
+
+class _Driver:
+    """Asks Optuna for configurations, runs each seed of each in an actor (at most
+    ``sweep.parallel`` at once), streams their metrics to MLflow, reports the seed-mean
+    objective to Optuna for pruning, and tells Optuna each configuration's result."""
+
+    def __init__(
+        self,
+        sweep: SweepSpec,
+        base: dict[str, Any],
+        study: Any,
+        client: Any,
+        parent: str,
+        max_trials: int | None,
+        on_trial: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        import ray
+
+        self.sweep, self.base, self.study, self.client, self.parent = sweep, base, study, client, parent
+        self.max_trials, self.on_trial = max_trials, on_trial
+        # No seeds axis: one run per configuration, at the base's own seed.
+        self.seeds = list(sweep.seeds) if sweep.seeds else [spec_from_dict(copy.deepcopy(base)).seed]
+        self.runner = ray.remote(max_concurrency=4, max_restarts=0)(TrialRunner)
+        self.threads = max(1, int(sweep.trial_resources.num_cpus))
+        self.configs: dict[int, _Config] = {}  # open trials, by number
+        self.refs: dict[Any, _Job] = {}  # running jobs, by the ref of their result
+        self.started = 0
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, poll_s: float) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        while True:
+            self._fill()
+            if not self.refs:
+                return
+            ready, _ = ray.wait(list(self.refs), num_returns=1, timeout=poll_s)
+            for ref in ready:
+                self._finish(ref, self.refs.pop(ref))
+            for job in self.refs.values():
+                with contextlib.suppress(RayActorError):  # its actor died: _finish records the failure
+                    self._drain(job)
+
+    def _remaining(self) -> int:
+        left = self.sweep.num_trials - len(studies.counted(self.study)) - len(self.configs)
+        return left if self.max_trials is None else min(left, self.max_trials - self.started)
+
+    def _fill(self) -> None:
+        """Start jobs until ``parallel`` run: open configurations' seeds first."""
+        while len(self.refs) < self.sweep.parallel:
+            config = next((c for c in self.configs.values() if c.pending and not c.stopping), None)
+            if config is None:
+                if self._remaining() <= 0:
+                    return
+                config = self._ask()
+                if config is None:  # an invalid combination, already recorded
+                    continue
+            self._launch(config, config.pending.pop(0))
+
+    def interrupt(self) -> None:
+        """Cut off: open trials failed as interrupted, their params queued again."""
+        import ray
+
+        for config in self.configs.values():
+            running = [job for job in config.jobs.values() if not job.done]
+            for job in running:
+                ray.kill(job.actor)
+            _interrupt(self.study, self.client, config.trial.number, config.params,
+                       [job.tracker.run_id for job in running])  # fmt: skip
+        self.configs.clear()
+
+    # ---------------------------------------------------------------- trials
+    def _ask(self) -> _Config | None:
+        from optuna.trial import TrialState
+
+        trial = self.study.ask()
+        params = {key: studies.suggest(trial, key, values) for key, values in self.sweep.space.items()}
+        self.started += 1
+        data = copy.deepcopy(self.base)
+        for key, value in params.items():
+            set_path(data, key, value)
+        try:
+            spec_from_dict(self._job_data(data, trial.number, self.seeds[0]), source=f"trial {trial.number}")
+        except SpecError as err:  # an invalid combination: a failed trial, the sweep goes on
+            tags = {"mlflow.parentRunId": self.parent, "sweep.trial": str(trial.number), "error": str(err)[:4000],
+                    "sweep.params": json.dumps(params), "sweep.name": self.sweep.name}  # fmt: skip
+            run_id = new_run(self.client, self.sweep.tracking.experiment, self._name(trial.number), tags, params)
+            end_run(self.client, run_id, "FAILED", "failed")
+            trial.set_user_attr("error", str(err))
+            trial.set_user_attr("mlflow_run_ids", {str(self.seeds[0]): run_id})
+            self.study.tell(trial, state=TrialState.FAIL)
+            self._report(trial.number)
+            return None
+        config = _Config(trial, params, data, pending=list(self.seeds))
+        self.configs[trial.number] = config
+        return config
+
+    def _name(self, number: int, seed: int | None = None) -> str:
+        name = f"{self.sweep.name}-{number:03d}"
+        return name if seed is None or not self.sweep.seeds else f"{name}-s{seed}"
+
+    def _job_data(self, data: dict[str, Any], number: int, seed: int) -> dict[str, Any]:
+        data = copy.deepcopy(data)
+        if self.sweep.seeds:
+            data["seed"] = seed
+        data["tracking"] = {**self.sweep.tracking.model_dump(), "run_name": self._name(number, seed)}
+        return data
+
+    def _launch(self, config: _Config, seed: int) -> None:
+        number = config.trial.number
+        spec = spec_from_dict(self._job_data(config.data, number, seed), source=f"trial {number}")
+        tracker = Tracker(spec.tracking)
+        tags = {"sweep.trial": str(number), "sweep.params": json.dumps(config.params), "sweep.name": self.sweep.name,
+                "sweep.seed": str(spec.seed)}  # fmt: skip
+        tracker.start(spec, parent_run_id=self.parent, tags=tags)
+        actor = self.runner.options(
+            num_cpus=self.sweep.trial_resources.num_cpus, num_gpus=self.sweep.trial_resources.num_gpus
+        ).remote(self.threads)
+        job = _Job(config, seed, actor, tracker)
+        config.jobs[seed] = job
+        config.trial.set_user_attr("mlflow_run_ids", {str(s): j.tracker.run_id for s, j in config.jobs.items()})
+        self.refs[actor.run.remote(spec.model_dump(mode="json"))] = job
+
+    def _drain(self, job: _Job) -> None:
+        """Stream a job's new metrics to its child run; report seed means to Optuna."""
+        import ray
+
+        config = job.config
+        for step, metrics in ray.get(job.actor.poll.remote()):
+            job.tracker.on_metrics(step, metrics)
+            value = metrics.get(self.sweep.objective)
+            if value is None or not math.isfinite(value) or config.stopping:
+                continue
+            at_step = config.curves.setdefault(step, {})
+            at_step[job.seed] = value
+            if len(at_step) == len(self.seeds) and step not in config.reported:
+                config.reported.add(step)
+                config.trial.report(statistics.fmean(at_step.values()), step)
+                if config.trial.should_prune():
+                    config.pruned = True
+                    self._stop(config)
+
+    def _stop(self, config: _Config) -> None:
+        """Pruned or failed: drop its unlaunched seeds, ask its running ones to stop."""
+        config.pending.clear()
+        for job in config.jobs.values():
+            if not job.done:
+                job.actor.stop.remote()
+
+    def _finish(self, ref: Any, job: _Job) -> None:
+        import ray
+
+        config = job.config
+        try:
+            self._drain(job)
+            out = ray.get(ref)
+            if out["state"] == "pruned":  # it stopped when asked
+                job.tracker.flush()
+                end_run(self.client, job.tracker.run_id, "KILLED", "pruned" if config.pruned else "stopped")
+            else:
+                value = out["final"].get(self.sweep.objective, math.nan)
+                if not math.isfinite(value):
+                    raise RuntimeError(f"objective {self.sweep.objective!r} was not logged (final value {value})")
+                job.tracker.finish(out["history"])
+                config.values[job.seed] = value
+        except Exception as err:  # a failed seed fails its trial; the sweep goes on
+            where = f"seed {job.seed}: " if self.sweep.seeds else ""
+            config.error = config.error or f"{where}{type(err).__name__}: {err}"[:2000]
+            job.tracker.fail(err)
+            self._stop(config)
+        finally:
+            ray.kill(job.actor)
+            job.done = True
+        if config.done:
+            self._tell(config)
+
+    def _tell(self, config: _Config) -> None:
+        from optuna.trial import TrialState
+
+        trial = config.trial
+        trial.set_user_attr("seed_values", {str(seed): value for seed, value in sorted(config.values.items())})
+        if config.reported:
+            trial.set_user_attr("last_step", max(config.reported))
+        if config.error is not None:
+            trial.set_user_attr("error", config.error)
+            self.study.tell(trial, state=TrialState.FAIL)
+        elif config.pruned:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, statistics.fmean(config.values.values()))
+        del self.configs[trial.number]
+        self._report(trial.number)
+
+    def _report(self, number: int) -> None:
+        if self.on_trial is not None:
+            row = next(r for r in trial_rows(self.study, self.sweep) if r["number"] == number)
+            self.on_trial(row)

@@ -1,0 +1,106 @@
+"""The Optuna side of a sweep, through Optuna's public API only.
+
+Every sweep is a study in SQLite (``optuna.db`` beside the MLflow database by default).
+A grid enqueues its combinations; an ``optuna`` sweep asks a seeded TPE sampler. A trial
+cut off by an interrupt (Ctrl-C, or a driver killed outright) is failed, listed in the
+study's ``interrupted`` attribute so it never counts, and its parameters are queued
+again: a sweep resumes where it stopped and never reruns a finished trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from pipelines.specfile import SpecError
+from pipelines.sweeps.spec import SweepSpec
+
+__all__ = ["counted", "default_storage", "interrupt", "make_study", "stale_trials", "suggest"]
+
+INTERRUPTED = "interrupted"  # study attribute: numbers of trials cut off by an interrupt
+
+
+def default_storage(tracking_uri: str) -> str:
+    """``optuna.db`` beside a local MLflow SQLite store, else ``mlflow/optuna.db``."""
+    if tracking_uri.startswith("sqlite:///"):
+        return f"sqlite:///{Path(tracking_uri.removeprefix('sqlite:///')).parent / 'optuna.db'}"
+    Path("mlflow").mkdir(exist_ok=True)
+    return "sqlite:///mlflow/optuna.db"
+
+
+def _signature(sweep: SweepSpec, base: dict[str, Any]) -> str:
+    """What makes two calls the same study (the trial count may change)."""
+    fixed = sweep.model_dump(mode="json", include={"method", "space", "objective", "direction", "seed", "seeds"})
+    return hashlib.sha256(json.dumps([fixed, base], sort_keys=True).encode()).hexdigest()[:12]
+
+
+def make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
+    """Create or reopen the sweep's study; refuse one made by a different sweep. A grid's
+    combinations are enqueued (once)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if sweep.method == "grid":
+        sampler: Any = optuna.samplers.RandomSampler(seed=sweep.seed)  # every grid trial is enqueued
+    else:
+        sampler = optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=min(10, max(2, sweep.num_trials // 3)))
+    if sweep.prunes:
+        pruner: Any = optuna.pruners.MedianPruner(sweep.pruner.n_startup_trials, sweep.pruner.n_warmup_steps)
+    else:
+        pruner = optuna.pruners.NopPruner()
+    study = optuna.create_study(
+        storage=storage, study_name=sweep.study_name, sampler=sampler, pruner=pruner, direction=sweep.direction,
+        load_if_exists=True,
+    )  # fmt: skip
+    signature, known = _signature(sweep, base), study.user_attrs.get("sweep_hash")
+    if known is None:
+        study.set_user_attr("sweep_hash", signature)
+    elif known != signature:
+        raise SpecError(
+            f"study {sweep.study_name!r} in {storage} was created by a different sweep (base, space, objective "
+            "or method changed): give the sweep a new name, or delete the study to start over"
+        )
+    if sweep.method == "grid":
+        keys = list(sweep.space)
+        for combo in itertools.islice(itertools.product(*sweep.space.values()), sweep.num_trials):
+            study.enqueue_trial(dict(zip(keys, combo, strict=True)), skip_if_exists=True)
+    return study
+
+
+def suggest(trial: Any, key: str, values: Any) -> Any:
+    """The trial's value of one swept field (a list: categorical; a range: int or float)."""
+    if isinstance(values, list):
+        return trial.suggest_categorical(key, values)
+    if values.type == "int":
+        step = int(values.step or 1)
+        return trial.suggest_int(key, int(values.low), int(values.high), step=step, log=values.log)
+    return trial.suggest_float(key, values.low, values.high, step=values.step, log=values.log)
+
+
+def interrupt(study: Any, number: int, params: dict[str, Any]) -> None:
+    """Cut off trial ``number``: failed, never counted, its parameters queued again."""
+    from optuna.trial import TrialState
+
+    cut = set(study.user_attrs.get(INTERRUPTED, []))
+    study.set_user_attr(INTERRUPTED, sorted(cut | {number}))
+    study.tell(number, state=TrialState.FAIL)
+    study.enqueue_trial(params)
+
+
+def stale_trials(study: Any) -> list[Any]:
+    """Trials left RUNNING by a driver that was killed (no process runs them any more)."""
+    from optuna.trial import TrialState
+
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def counted(study: Any) -> list[Any]:
+    """Finished trials that count toward the target (not those cut off by an interrupt)."""
+    from optuna.trial import TrialState
+
+    cut = set(study.user_attrs.get(INTERRUPTED, []))
+    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return [t for t in study.get_trials(deepcopy=False, states=done) if t.number not in cut]
