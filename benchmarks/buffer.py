@@ -1,6 +1,6 @@
 """Buffer benchmark: push + sample throughput under 4 producers and 2 consumers.
 
-    python -m benchmarks.buffer --items 200000
+    asyncrlhf bench --suite full --case buffer
 
 Each buffer moves the same number of experiences through 4 producer and 2 consumer
 threads; the baseline is a plain ``collections.deque`` behind one lock (no staleness,
@@ -10,8 +10,6 @@ the accounting identity is checked after every run.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import threading
 import time
 from collections import deque
@@ -103,17 +101,3 @@ def run(items: int = 200_000, repeats: int = 3) -> dict[str, dict[str, float]]:
             buffer, batch, flatten = factories[name]()
             ratios[name].append(_throughput(buffer, experiences, batch, flatten) / base)
     return {name: summarize(v) for name, v in ratios.items()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=200_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    for name, r in run(args.items, args.repeats).items():
-        print(f"{name:10s} {r['median']:.2f}× the deque baseline  [{r['min']:.2f} – {r['max']:.2f}]")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

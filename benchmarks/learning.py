@@ -1,8 +1,7 @@
 """Learning across CPUs and seeds: the quick start's held-out accuracy gain.
 
-    python -m benchmarks.learning                       # 3 kernel settings × seeds 0 1 2
-    python -m benchmarks.learning --kernels native --seeds 0 1 2 --set orchestrator.mode=lagged
-    python -m benchmarks.learning --cell --seed 0       # one run, in this process (JSON out)
+    asyncrlhf bench --suite matrix                      # 3 kernel settings × seeds 0 1 2
+    asyncrlhf bench --suite full --case learning        # this machine's kernels × seeds 0 1 2
 
 Float results depend on the CPU: PyTorch picks its vectorised kernels by CPU capability,
 MKL its GEMM code path and oneDNN its ISA. Each can be capped by an environment variable
@@ -24,7 +23,6 @@ its cores (OpenMP threads spin), which slows both by an order of magnitude.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -74,13 +72,12 @@ def run_in_subprocess(kernels: str, seed: int, overrides: list[str], spec_path: 
     env = dict(os.environ)
     if kernels != "native":
         env = {k: v for k, v in env.items() if k not in _KERNEL_VARS} | KERNELS[kernels]
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [sys.executable, "-m", "benchmarks.learning", "--cell", "--seed", str(seed),
-                   "--spec", str(spec_path), "--out", out.name]  # fmt: skip
-        for override in overrides:
-            command += ["--set", override]
+    with tempfile.TemporaryDirectory() as tmp:
+        request, out = Path(tmp) / "request.json", Path(tmp) / "cell.json"
+        request.write_text(json.dumps({"seed": seed, "overrides": overrides, "spec": str(spec_path)}))
+        command = [sys.executable, "-m", "benchmarks.learning", str(request), str(out)]
         subprocess.run(command, env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        cell = json.loads(Path(out.name).read_text())
+        cell = json.loads(out.read_text())
     return {"kernels": kernels, **cell}
 
 
@@ -106,32 +103,7 @@ def run_matrix(
             "by_kernels": by_kernels}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--seed", type=int, default=0, help="with --cell: the run's seed")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key.path=value")
-    parser.add_argument("--spec", type=Path, default=QUICKSTART)
-    parser.add_argument("--cell", action="store_true", help="run one cell in this process")
-    parser.add_argument("--out", type=Path, help="write the JSON result here")
-    args = parser.parse_args(argv)
-    if args.cell:
-        result = run_cell(args.seed, args.overrides, args.spec)
-    else:
-        result = run_matrix(args.kernels, args.seeds, args.overrides, args.spec)
-        s = result["all"]
-        print(f"gain over {s['n']} cells: mean {s['mean']:+.3f} ± {s['std']:.3f} (sd), "
-              f"range [{s['min']:+.3f}, {s['max']:+.3f}]")  # fmt: skip
-        for name, k in result["by_kernels"].items():
-            print(f"  {name:<8} mean {k['mean']:+.3f} ± {k['std']:.3f}, range [{k['min']:+.3f}, {k['max']:+.3f}]")
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    elif not args.cell:
-        print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one cell, for run_in_subprocess: python -m benchmarks.learning REQUEST.json OUT.json
+    request = json.loads(Path(sys.argv[1]).read_text())
+    cell = run_cell(request["seed"], request["overrides"], Path(request["spec"]))
+    Path(sys.argv[2]).write_text(json.dumps(cell))

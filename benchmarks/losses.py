@@ -1,15 +1,12 @@
 """Loss benchmark: forward + backward time of M2PO (batch rule) and GRPO relative to PPO.
 
-    python -m benchmarks.losses --tokens 1048576
+    asyncrlhf bench --suite full --case losses     # 2^20 tokens on the CPU
 
 All three losses run on the same (B, L) log-probs with a quarter of the tokens masked,
 timed in interleaved rounds; the figures are time ratios to PPO.
 """
 
 from __future__ import annotations
-
-import argparse
-import sys
 
 import torch
 
@@ -48,19 +45,3 @@ def run(tokens: int = 1 << 20, length: int = 1024, repeats: int = 10, device: st
         "m2po_vs_ppo": times["m2po"].median / times["ppo"].median,
         "grpo_vs_ppo": times["grpo"].median / times["ppo"].median,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=1 << 20)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    result = run(args.tokens, repeats=args.repeats, device=args.device)
-    print(f"losses at {args.tokens} tokens: PPO {result['ppo_ms']:.1f} ms forward+backward; "
-          f"M2PO {result['m2po_vs_ppo']:.2f}× PPO, GRPO {result['grpo_vs_ppo']:.2f}× PPO")  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

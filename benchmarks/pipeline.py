@@ -1,7 +1,6 @@
 """Async vs sync: how well the orchestrator overlaps rollout with training.
 
-    python -m benchmarks.pipeline                      # both settings
-    python -m benchmarks.pipeline --setting latency --check
+    asyncrlhf bench --suite full --case pipeline       # both settings, 3 sync/async pairs each
 
 Same task, seed and number of trained samples in ``sync`` and in ``async`` mode. Prints
 samples/s of each, their ratio, the ideal ratio (T_gen + T_train) / max(T_gen, T_train)
@@ -15,7 +14,7 @@ Settings:
            real (the tiny Llama, AdamW) and gets one core (one torch thread), the other
            core being left to the rollout thread's own Python work. Async runs with
            max_staleness=2 by default, so one slow step on either side is absorbed
-           instead of stalling the other. Target: async ≥ 1.8× sync, trainer bubble ≤ 10%.
+           instead of stalling the other. Targets in :data:`benchmarks.suite.TARGETS`.
   hf       The real ``HFEngine`` in the same process as the trainer. On a 2-core CPU the
            two compete for the same cores, so little overlap gain is possible: no target,
            the figures are reported as measured.
@@ -23,10 +22,7 @@ Settings:
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -39,8 +35,6 @@ from asyncrlhf.rollout import HFEngine, LatencyModelEngine
 from asyncrlhf.tasks import AdditionTask
 from asyncrlhf.training import TrainerWorker
 from benchmarks._timing import summarize
-
-TARGETS = {"latency": {"speedup": 1.8, "bubble_frac_trainer": 0.10}}
 
 
 def _stub_reward(generated_ids: torch.Tensor, answers: Any, eos_token_id: int) -> torch.Tensor:
@@ -154,60 +148,3 @@ def _pair(setting: str, steps: int, prompts: int, group: int, seed: int, max_sta
     pair["speedup"] = pair["async"]["samples_per_s"] / pair["sync"]["samples_per_s"]
     pair["ideal_speedup"] = (t_gen + t_train) / max(t_gen, t_train)
     return pair
-
-
-def report(results: dict[str, Any]) -> bool:
-    def fmt(stat: dict[str, float], scale: float = 1.0, spec: str = ".2f") -> str:
-        return f"{stat['median'] * scale:{spec}} [{stat['min'] * scale:{spec}} – {stat['max'] * scale:{spec}}]"
-
-    setting = results["setting"]
-    ms = {key: fmt(results[key], 1e3, ".0f") for key in ("t_gen_s", "t_train_s", "t_train_async_s")}
-    print(f"pipeline benchmark [{setting}, async max_staleness={results['max_staleness']}, "
-          f"torch threads={results['threads']}]  {results['repeats']} × (sync, async) runs of "
-          f"{results['steps']} steps × {results['samples_per_step']} samples")  # fmt: skip
-    print(f"  T_gen {ms['t_gen_s']} ms, T_train {ms['t_train_s']} ms (in async: {ms['t_train_async_s']} ms)")
-    for mode in ("sync", "async"):
-        r = results[mode]
-        rollout, trainer = fmt(r["bubble_frac_rollout"], 100, ".1f"), fmt(r["bubble_frac_trainer"], 100, ".1f")
-        rate = fmt(r["samples_per_s"], 1, ".0f")
-        print(f"  {mode:5s}  {rate} samples/s   bubble rollout {rollout}%   trainer {trainer}%")
-    print(f"  async / sync = {fmt(results['speedup'])}×   (ideal {fmt(results['ideal_speedup'])}×)")
-    targets = TARGETS.get(setting)
-    if targets is None:
-        print("  no target: rollout and training share the same CPU cores in this setting")
-        return True
-    ok_speed = results["speedup"]["median"] >= targets["speedup"]
-    ok_bubble = results["async"]["bubble_frac_trainer"]["median"] <= targets["bubble_frac_trainer"]
-    verdict = {True: "ok", False: "MISSED"}
-    print(f"  median speed-up ≥ {targets['speedup']}×: {verdict[ok_speed]};  "
-          f"median async trainer bubble ≤ {targets['bubble_frac_trainer']:.0%}: {verdict[ok_bubble]}")  # fmt: skip
-    return ok_speed and ok_bubble
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=["latency", "hf", "both"], default="both")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=3, help="sync/async pairs; medians are reported")
-    parser.add_argument("--max-staleness", type=int, default=2, help="the async run's staleness bound")
-    parser.add_argument("--threads", type=int, help="torch threads (default: 1 for latency, all for hf)")
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    args = parser.parse_args(argv)
-    settings = ["latency", "hf"] if args.setting == "both" else [args.setting]
-    all_results, ok = [], True
-    for setting in settings:
-        results = run(setting, args.steps, args.prompts, args.group, repeats=args.repeats,
-                      max_staleness=args.max_staleness, threads=args.threads)  # fmt: skip
-        ok &= report(results)
-        all_results.append(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(all_results, f, indent=2, default=lambda o: None)
-    return 0 if ok or not args.check else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
@@ -220,8 +221,9 @@ def bench(
     suite: Annotated[
         str,
         typer.Option(
-            help="'full' (nightly; ~3.5 min plus 3 learning runs of ~135 s on 2 cores), 'quick' (~20 s), or "
-            "'matrix' (the learning figure over 3 CPU kernel settings × 3 seeds, ~28 min)."
+            help="'full' (nightly; ~3.5 min plus 3 learning runs of ~135 s on 2 cores), 'quick' (~20 s), "
+            "'matrix' (the learning figure over 3 CPU kernel settings × 3 seeds, ~28 min), or 'cuda' (rewards and "
+            "losses on the GPU)."
         ),
     ] = "full",
     baseline: Annotated[Path, typer.Option(help="Baseline file to gate against.")] = Path("benchmarks/baseline.json"),
@@ -233,17 +235,63 @@ def bench(
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not log to MLflow.")] = False,
 ) -> None:
     """Run the benchmark suite; exit 1 when a figure regressed against the baseline."""
-    from pipelines import bench as bench_module
+    from benchmarks.suite import environment, run_suite
+    from pipelines.bench import compare, load_baseline, report_dict, write_baseline
 
     if not 0 <= tolerance < 1:
         errors.print(f"[bold red]error:[/] --tolerance must be in [0, 1), got {tolerance}")
         raise typer.Exit(2)
+    console.print(f"[bold]asyncrlhf bench[/] — suite {suite}")
     try:
-        code = bench_module.main(suite, case, baseline, update_baseline, tolerance, report, uri, not no_track)
+        suite_baseline = load_baseline(baseline).get("suites", {}).get(suite, {})
+        figures = run_suite(suite, case, log=console.print)
     except ValueError as err:
         errors.print(f"[bold red]error:[/] {err}", highlight=False)
         raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    env = environment()
+    comparisons = compare(figures, suite_baseline.get("figures", {}), tolerance)
+    console.print(_bench_table(f"suite {suite} vs {baseline.name if suite_baseline else 'no baseline'}", comparisons))
+    if report is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        report = Path("mlflow") / "bench" / f"bench-{suite}-{stamp}.json"  # beside the tracking store
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(report_dict(suite, comparisons, env, suite_baseline.get("environment")), indent=2))
+    console.print(f"report: {report}")
+    regressions = [c for c in comparisons if c.status == "regressed"]
+    if not no_track:
+        from pipelines.tracking import log_benchmark
+
+        run_id = log_benchmark(uri, suite, figures, [c.figure.name for c in regressions], env)
+        console.print(f"MLflow: experiment 'benchmarks', run {run_id}")
+    if update_baseline:
+        write_baseline(baseline, suite, figures, env)
+        console.print(f"baseline updated: {baseline} (suite {suite})")
+        raise typer.Exit(0)
+    for c in regressions:
+        console.print(f"[bold red]REGRESSION[/] {c.figure.name}: {c.figure.median:.3f} vs baseline {c.baseline:.3f} "
+                      f"(limit {c.limit:.3f}, {c.figure.better} is better)")  # fmt: skip
+    if not suite_baseline:
+        console.print(f"[yellow]no baseline for suite {suite} in {baseline}[/]: nothing gated")
+    raise typer.Exit(1 if regressions else 0)
+
+
+def _bench_table(title: str, comparisons: list) -> Table:  # type: ignore[type-arg]
+    table = Table(title=title)
+    for column in ("figure", "median \\[min – max]", "baseline", "limit", "status", "target"):
+        table.add_column(column)
+    colours = {"ok": "green", "regressed": "bold red", "new": "yellow", "info": "dim"}
+    for c in comparisons:
+        f, bound = c.figure, "≥" if c.figure.better == "higher" else "≤"
+        met = {None: "", True: " [green]met[/]", False: " [yellow]missed[/]"}[f.meets_target]
+        table.add_row(
+            f.name,
+            f"{f.median:.3f} [{f.min:.3f} – {f.max:.3f}] {f.unit}",
+            "—" if c.baseline is None else f"{c.baseline:.3f}",
+            "—" if c.limit is None else f"{bound} {c.limit:.3f}",
+            f"[{colours[c.status]}]{c.status}[/]",
+            "" if f.target is None else f"{bound} {f.target:g}{met}",
+        )
+    return table
 
 
 @app.command()

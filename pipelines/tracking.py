@@ -32,6 +32,7 @@ __all__ = [
     "artifact_root_for",
     "end_run",
     "experiment_id_for",
+    "log_benchmark",
     "new_run",
     "resolve_tracking_uri",
 ]
@@ -89,6 +90,29 @@ def end_run(client: Any, run_id: str, status: str, label: str, tags: dict[str, s
         client.set_terminated(run_id, status=status)
     except Exception:
         pass
+
+
+def log_benchmark(uri: str | None, suite: str, figures: list[Any], regressed: list[str], env: dict[str, Any]) -> str:
+    """One run in the ``benchmarks`` experiment: params = environment, metrics = figures
+    (median, min, max), tags = suite and gate status. Returns its id."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient(resolve_tracking_uri(uri))
+    tags = {"suite": suite, "status": "regressed" if regressed else "ok"}
+    if env.get("git_commit"):
+        tags["mlflow.source.git.commit"] = env["git_commit"]
+    run_id = new_run(client, "benchmarks", f"bench-{suite}", tags, {**env, "suite": suite})
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(key, value, now, 0)
+        for f in figures
+        for key, value in ((f.name, f.median), (f"{f.name}.min", f.min), (f"{f.name}.max", f.max))
+    ]
+    for i in range(0, len(metrics), _MAX_METRICS):
+        client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS], synchronous=True)
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
 
 
 def _git_commit() -> str | None:

@@ -16,7 +16,7 @@ tokens with r² < threshold and apply the PPO clip on top.
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -77,6 +77,21 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     return keep.view_as(log_ratio) & valid
 
 
+def _kept(inputs: Any, mode: str, m2_threshold: float) -> torch.Tensor:
+    """Tokens M2PO keeps: the batch rule, or r² below the threshold per token."""
+    valid = inputs.mask > 0
+    if mode == "batch":
+        return m2po_mask(inputs.log_ratio, valid, m2_threshold)
+    if m2_threshold <= 1.0:
+        warnings.warn(
+            f"m2po mode='token' keeps tokens with r² < m2_threshold={m2_threshold}; "
+            "with a threshold ≤ 1 even on-policy tokens (r = 1) are masked",
+            stacklevel=3,
+        )
+    with torch.no_grad():
+        return valid & (inputs.ratio.square() < m2_threshold)
+
+
 @register_policy_loss("m2po")
 def compute_m2po_loss(
     logprobs: torch.Tensor,
@@ -113,24 +128,11 @@ def compute_m2po_loss(
     if clip_eps is not None:
         clip_eps = check_clip_eps(clip_eps)
     inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
-    valid = inputs.mask > 0
-
-    if mode == "batch":
-        keep = m2po_mask(inputs.log_ratio, valid, m2_threshold)
-    else:
-        if m2_threshold <= 1.0:
-            warnings.warn(
-                f"m2po mode='token' keeps tokens with r² < m2_threshold={m2_threshold}; "
-                "with a threshold ≤ 1 even on-policy tokens (r = 1) are masked",
-                stacklevel=2,
-            )
-        with torch.no_grad():
-            keep = valid & (inputs.ratio.square() < m2_threshold)
-    keep_f = keep.to(inputs.mask.dtype)
+    keep_f = _kept(inputs, mode, m2_threshold).to(inputs.mask.dtype)
 
     if clip_eps is None:
         objective = inputs.ratio * inputs.advantages  # (B, L), unclipped as in the paper
-        clipped = torch.zeros_like(keep)
+        clipped = torch.zeros_like(keep_f, dtype=torch.bool)
     else:
         objective, clipped = clipped_surrogate(inputs.ratio, inputs.advantages, clip_eps)
     # The paper normalises by all valid tokens, so masking shrinks the step; the

@@ -37,6 +37,20 @@ def first_true_index(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(found, index, torch.full_like(index, mask.shape[1]))
 
 
+def _from_tensor(
+    patterns: torch.Tensor, batch_size: int, device: torch.device, name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_rank(name, patterns, 2)
+    check_integer(name, patterns)
+    if patterns.shape[0] != batch_size:
+        raise ValueError(f"{name} has {patterns.shape[0]} rows but generated_ids has {batch_size}")
+    padded = patterns.to(device=device, dtype=torch.long)
+    lengths = first_true_index(padded < 0)
+    # Everything after a row's first negative id is padding, whatever it holds.
+    beyond = torch.arange(padded.shape[1], device=device) >= lengths[:, None]
+    return padded.masked_fill(beyond, -1), lengths
+
+
 def as_padded_patterns(
     patterns: torch.Tensor | Sequence[torch.Tensor],
     batch_size: int,
@@ -57,15 +71,7 @@ def as_padded_patterns(
         ``(padded, lengths)``: LongTensor[B, P] padded with -1, and LongTensor[B].
     """
     if isinstance(patterns, torch.Tensor):
-        check_rank(name, patterns, 2)
-        check_integer(name, patterns)
-        if patterns.shape[0] != batch_size:
-            raise ValueError(f"{name} has {patterns.shape[0]} rows but generated_ids has {batch_size}")
-        padded = patterns.to(device=device, dtype=torch.long)
-        lengths = first_true_index(padded < 0)
-        # Everything after a row's first negative id is padding, whatever it holds.
-        beyond = torch.arange(padded.shape[1], device=device) >= lengths[:, None]
-        return padded.masked_fill(beyond, -1), lengths
+        return _from_tensor(patterns, batch_size, device, name)
     if not isinstance(patterns, Sequence) or isinstance(patterns, str | bytes):
         raise TypeError(f"{name} must be a list of 1-D tensors or a 2-D tensor, got {type(patterns).__name__}")
     if len(patterns) != batch_size:

@@ -1,0 +1,55 @@
+"""One run of a sweep: a Ray actor running an experiment, polled for its metrics."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from pipelines.spec import spec_from_dict
+
+__all__ = ["TrialRunner", "TrialStopped"]
+
+
+class TrialStopped(Exception):
+    """Raised inside a trial when the driver asks it to stop (pruning)."""
+
+
+class TrialRunner:
+    """A Ray actor running one experiment, polled by the driver for its metrics.
+
+    Threaded (``max_concurrency`` > 1): ``run`` occupies one thread while ``poll`` and
+    ``stop`` answer in others.
+    """
+
+    def __init__(self, torch_threads: int) -> None:
+        torch.set_num_threads(torch_threads)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, dict[str, float]]] = []
+        self._stop = False
+
+    def _on_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        with self._lock:
+            self._pending.append((step, dict(metrics)))
+            if self._stop:
+                raise TrialStopped(f"stopped by the sweep at step {step}")
+
+    def run(self, spec_data: dict[str, Any]) -> dict[str, Any]:
+        from pipelines.run import run_experiment
+
+        spec = spec_from_dict(spec_data, source="trial")
+        try:
+            result = run_experiment(spec, on_metrics=self._on_metrics, track=False)
+        except TrialStopped:
+            return {"state": "pruned"}
+        return {"state": "complete", "history": result.history, "final": result.final_metrics}
+
+    def poll(self) -> list[tuple[int, dict[str, float]]]:
+        with self._lock:
+            out, self._pending = self._pending, []
+        return out
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
