@@ -31,9 +31,9 @@ import torch
 from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model, load_pretrained, pretrained_policy
 from asyncrlhf.orchestration import Orchestrator, RunHistory, Schedule
 from asyncrlhf.rewards import exact_match_reward
-from asyncrlhf.rollout import HFEngine, LatencyModelEngine
+from asyncrlhf.rollout import HFEngine, LatencyModelEngine, Sampling
 from asyncrlhf.tasks import AdditionTask
-from asyncrlhf.training import TrainerWorker
+from asyncrlhf.training import OptimConfig, TrainerWorker
 from benchmarks._timing import summarize
 
 
@@ -67,10 +67,12 @@ def _build(
         reward = _stub_reward
     else:
         model, tokenizer = load_pretrained(pretrained_policy())
-        engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens=5, seed=seed)
+        engine = HFEngine(
+            model, tokenizer.eos_token_id, tokenizer.pad_token_id, sampling=Sampling(max_new_tokens=5), seed=seed
+        )
         reward = exact_match_reward
     task = AdditionTask(tokenizer, digits=2, seed=seed)
-    trainer = TrainerWorker(model, tokenizer.pad_token_id, "grpo", lr=3e-4, seed=seed)
+    trainer = TrainerWorker(model, tokenizer.pad_token_id, "grpo", optim=OptimConfig(lr=3e-4), seed=seed)
     return Orchestrator(
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id,
         Schedule(mode, group, prompts, max_staleness),

@@ -95,10 +95,8 @@ def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
     algo = spec.algorithm
     ref_model = copy.deepcopy(model) if algo.uses_reference else None
     return TrainerWorker(
-        model, tokenizer.pad_token_id, algo.name, algo.loss_options(), lr=spec.trainer.lr,
-        weight_decay=spec.trainer.weight_decay, grad_clip=spec.trainer.grad_clip,
-        temperature=spec.rollout.temperature, ppo_epochs=spec.trainer.ppo_epochs,
-        mini_batches=spec.trainer.mini_batches, ref_model=ref_model, seed=spec.seed,
+        model, tokenizer.pad_token_id, algo.name, algo.loss_options(), spec.trainer.to_optim(),
+        temperature=spec.rollout.temperature, ref_model=ref_model, seed=spec.seed,
     )  # fmt: skip
 
 
@@ -108,10 +106,10 @@ def _engine(
     """The rollout engine; HF engines copy ``model`` unless told it is theirs alone."""
     rollout, seed = spec.rollout, spec.seed + 1 + worker  # each worker its own sampling stream
     if rollout.engine == "vllm":
-        return VLLMEngine(path, rollout.max_new_tokens, rollout.temperature, rollout.top_p, seed=seed)
+        return VLLMEngine(path, rollout.to_sampling(), seed=seed)
     return HFEngine(
-        model, tokenizer.eos_token_id, tokenizer.pad_token_id, rollout.max_new_tokens, rollout.temperature,
-        rollout.top_p, seed=seed, device=device, copy=copy_model,
+        model, tokenizer.eos_token_id, tokenizer.pad_token_id, rollout.to_sampling(), seed=seed, device=device,
+        copy=copy_model,
     )  # fmt: skip
 
 

@@ -12,26 +12,21 @@ and its options. Sweeps have their own schema (:mod:`pipelines.sweeps.spec`).
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pipelines.specfile import SpecError, apply_overrides, read_yaml
+from pipelines.algorithms import ALGORITHM_NAMES, AlgorithmSpec, GRPOSpec
+from pipelines.specfile import SpecError, _Section, apply_overrides, read_yaml
 
 __all__ = [
-    "ALGORITHM_NAMES",
     "ActorSpec",
-    "AlgorithmSpec",
     "BufferSpec",
     "ExperimentSpec",
-    "GRPOSpec",
-    "M2POSpec",
     "ModelSpec",
     "OrchestratorSpec",
-    "PPOSpec",
     "RewardTermSpec",
     "RolloutSpec",
     "RuntimeSpec",
@@ -43,10 +38,6 @@ __all__ = [
     "load_spec",
     "spec_from_dict",
 ]
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class WarmStartSpec(_Section):
@@ -117,6 +108,12 @@ class RolloutSpec(_Section):
     max_new_tokens: int = Field(5, ge=1, description="Response length cap.")
     workers: int = Field(1, ge=1, description="Rollout workers (more than one needs runtime.kind 'ray').")
 
+    def to_sampling(self) -> Any:
+        """The engines' :class:`~asyncrlhf.rollout.Sampling`."""
+        from asyncrlhf.rollout.base import Sampling
+
+        return Sampling(self.max_new_tokens, self.temperature, self.top_p)
+
 
 class RewardTermSpec(_Section):
     kind: str = Field(
@@ -134,74 +131,6 @@ class RewardTermSpec(_Section):
         return kind
 
 
-def _loss_default(name: str, option: str) -> Any:
-    """The default of ``option`` in the registered loss's own signature (its one home)."""
-    from asyncrlhf.losses import get_policy_loss
-
-    return inspect.signature(get_policy_loss(name)).parameters[option].default
-
-
-class _AlgorithmSpec(_Section):
-    name: str = Field(description="Policy loss (a registered name).")
-    scale_advantages: bool = Field(True, description="Divide group advantages by their std (False: Dr. GRPO).")
-
-    @property
-    def uses_reference(self) -> bool:
-        """Whether the trainer needs a frozen reference policy (a KL term)."""
-        return False
-
-    def loss_options(self) -> dict[str, Any]:
-        """Keyword options of the loss (its signature checks them when bound)."""
-        return self.model_dump(exclude={"name", "scale_advantages"})
-
-
-class PPOSpec(_AlgorithmSpec):
-    """PPO's clipped surrogate, per token."""
-
-    name: Literal["ppo"] = Field("ppo", description="Policy loss.")
-    clip_eps: float = Field(_loss_default("ppo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
-
-
-class M2POSpec(_AlgorithmSpec):
-    """M2PO: a second-moment trust region instead of a clip (arXiv 2510.01161)."""
-
-    name: Literal["m2po"] = Field("m2po", description="Policy loss.")
-    m2_threshold: float = Field(
-        _loss_default("m2po", "m2_threshold"), ge=0, description="Bound τ on the mean (log r)² of kept tokens."
-    )
-    m2_mode: Literal["batch", "token"] = Field(
-        _loss_default("m2po", "mode"), description="The paper's batch rule, or the per-token variant."
-    )
-    m2_clip: bool = Field(False, description="Also apply the PPO clip with clip_eps (the paper does not).")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="Clip range ε when clipping (m2_clip, or mode 'token').")
-
-    def loss_options(self) -> dict[str, Any]:
-        clip = self.clip_eps if self.m2_clip or self.m2_mode == "token" else None
-        return {"m2_threshold": self.m2_threshold, "mode": self.m2_mode, "clip_eps": clip}
-
-
-class GRPOSpec(_AlgorithmSpec):
-    """GRPO: the clipped surrogate on group-relative advantages, optional KL to the start."""
-
-    name: Literal["grpo"] = Field("grpo", description="Policy loss.")
-    clip_eps: float = Field(_loss_default("grpo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
-    kl_coef: float = Field(
-        _loss_default("grpo", "kl_coef"), ge=0, description="Weight of the k3 KL to the frozen initial policy."
-    )
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        _loss_default("grpo", "loss_agg"), description="How per-token losses reduce to a scalar."
-    )
-
-    @property
-    def uses_reference(self) -> bool:
-        return self.kl_coef > 0
-
-
-# One model per algorithm, chosen by `name`; adding an objective adds one model here.
-AlgorithmSpec = Annotated[PPOSpec | M2POSpec | GRPOSpec, Field(discriminator="name")]
-ALGORITHM_NAMES = ("grpo", "ppo", "m2po")
-
-
 class BufferSpec(_Section):
     max_staleness: int = Field(1, ge=0, description="async: largest τ = trainer version − data version trained on.")
 
@@ -214,6 +143,13 @@ class TrainerSpec(_Section):
     grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (null: no clipping).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
+
+    def to_optim(self) -> Any:
+        """The trainer's :class:`~asyncrlhf.training.OptimConfig`."""
+        from asyncrlhf.training.trainer import OptimConfig
+
+        return OptimConfig(self.lr, self.weight_decay, grad_clip=self.grad_clip, ppo_epochs=self.ppo_epochs,
+                           mini_batches=self.mini_batches)  # fmt: skip
 
 
 class OrchestratorSpec(_Section):

@@ -12,13 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 __all__ = ["SpecError", "apply_overrides", "flatten", "read_yaml", "set_path", "spec_hash"]
 
 
 class SpecError(ValueError):
     """A spec that cannot run; the message names each bad field and its value."""
+
+
+class _Section(BaseModel):
+    """A spec section: unknown keys fail, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:

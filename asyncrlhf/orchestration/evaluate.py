@@ -29,6 +29,9 @@ def evaluate_accuracy(
 
 def greedy_engine(model: Any, eos_token_id: int, pad_token_id: int, max_new_tokens: int) -> RolloutEngine:
     """A greedy engine that shares ``model`` (no copy): evaluates the live policy."""
+    from asyncrlhf.rollout.base import Sampling
     from asyncrlhf.rollout.hf import HFEngine
 
-    return HFEngine(model, eos_token_id, pad_token_id, max_new_tokens=max_new_tokens, temperature=0.0, copy=False)
+    return HFEngine(
+        model, eos_token_id, pad_token_id, sampling=Sampling(max_new_tokens=max_new_tokens, temperature=0.0), copy=False
+    )

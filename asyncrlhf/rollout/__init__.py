@@ -1,6 +1,6 @@
 """Rollout: engines that sample completions with behaviour log-probs, and the worker."""
 
-from asyncrlhf.rollout.base import RolloutEngine, Sample
+from asyncrlhf.rollout.base import RolloutEngine, Sample, Sampling
 from asyncrlhf.rollout.hf import HFEngine
 from asyncrlhf.rollout.stub import LatencyModelEngine, StubEngine
 from asyncrlhf.rollout.vllm import VLLMEngine
@@ -12,6 +12,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutWorker",
     "Sample",
+    "Sampling",
     "StubEngine",
     "VLLMEngine",
 ]

@@ -11,7 +11,27 @@ import torch
 
 from asyncrlhf._checks import check_integer, check_nonnegative_int, check_positive_int, check_rank, check_tensor
 
-__all__ = ["EngineBase", "RolloutEngine", "Sample", "check_generate_args"]
+__all__ = ["EngineBase", "RolloutEngine", "Sample", "Sampling", "check_generate_args"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How an engine samples: response cap, temperature (0: greedy), nucleus mass.
+
+    The trainer recomputes log-probs at the same temperature, so behaviour and trainer
+    log-probs describe the same distribution.
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_positive_int("max_new_tokens", self.max_new_tokens)
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
 
 @dataclass(slots=True)

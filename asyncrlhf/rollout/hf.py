@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import token_logprobs, weights_checksum
-from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
+from asyncrlhf.rollout.base import EngineBase, Sample, Sampling, check_generate_args
 from asyncrlhf.types import pad_rows
 
 __all__ = ["HFEngine"]
@@ -35,9 +34,8 @@ class HFEngine(EngineBase):
             so the trainer's updates reach it only through :meth:`load_weights`.
         eos_token_id: generation stops per row at EOS.
         pad_token_id: fills prompts on the left and finished rows on the right.
-        max_new_tokens: response length cap.
-        temperature: T > 0 samples from softmax(logits / T); 0 is greedy.
-        top_p: nucleus mass in (0, 1].
+        sampling: response cap, temperature (T > 0 samples from softmax(logits / T); 0
+            is greedy) and top-p nucleus mass.
         seed: seeds the engine's generator.
         device: where the model runs (default: where it is).
         version: the policy version of the initial weights.
@@ -49,27 +47,22 @@ class HFEngine(EngineBase):
         model: Any,
         eos_token_id: int,
         pad_token_id: int,
-        max_new_tokens: int = 16,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
+        sampling: Sampling = Sampling(),
         seed: int = 0,
         device: str | torch.device | None = None,
         version: int = 0,
         copy: bool = True,
     ) -> None:
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         self.model = (copy_module.deepcopy(model) if copy else model).eval()
         if device is not None:
             self.model.to(device)
         self.device = next(self.model.parameters()).device
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
-        self.max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
+        self.sampling = sampling
+        self.max_new_tokens = sampling.max_new_tokens
+        self.temperature = float(sampling.temperature)
+        self.top_p = float(sampling.top_p)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._set_version(version)
         # transformers 5 renamed the KV-cache argument and output from past_key_values to cache.

@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import weights_checksum
-from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
+from asyncrlhf.rollout.base import EngineBase, Sample, Sampling, check_generate_args
 
 __all__ = ["VLLMEngine", "vllm_available"]
 
@@ -42,7 +41,7 @@ class VLLMEngine(EngineBase):
 
     Args:
         model_path: a local Hugging Face model directory.
-        max_new_tokens, temperature, top_p, seed: sampling settings.
+        sampling, seed: sampling settings and the engine's seed.
         version: policy version of the initial weights.
         llm_kwargs: forwarded to ``vllm.LLM`` (``gpu_memory_utilization``, ``dtype``…).
 
@@ -53,9 +52,7 @@ class VLLMEngine(EngineBase):
     def __init__(
         self,
         model_path: str,
-        max_new_tokens: int = 16,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
+        sampling: Sampling = Sampling(),
         seed: int = 0,
         version: int = 0,
         **llm_kwargs: Any,
@@ -67,9 +64,9 @@ class VLLMEngine(EngineBase):
                 "engine kind 'vllm' needs vLLM on a CUDA machine: pip install vllm "
                 "(or use engine kind 'hf', which runs anywhere)"
             ) from err
-        self.max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+        self.max_new_tokens = sampling.max_new_tokens
         self._sampling = SamplingParams
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.temperature, self.top_p, self.seed = sampling.temperature, sampling.top_p, seed
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self.llm = LLM(model=str(model_path), seed=seed, **llm_kwargs)
         self._set_version(version)

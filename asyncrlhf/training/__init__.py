@@ -1,5 +1,5 @@
 """Training: the policy-gradient trainer."""
 
-from asyncrlhf.training.trainer import TrainerWorker, sequence_logprobs
+from asyncrlhf.training.trainer import OptimConfig, TrainerWorker, sequence_logprobs
 
-__all__ = ["TrainerWorker", "sequence_logprobs"]
+__all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]

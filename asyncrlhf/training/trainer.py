@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,29 @@ from asyncrlhf.losses import policy_loss
 from asyncrlhf.models import token_logprobs, weights_checksum
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
-__all__ = ["TrainerWorker", "sequence_logprobs"]
+__all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and how each batch is used: ``ppo_epochs`` passes, ``mini_batches``
+    optimiser steps per pass, the global gradient norm clipped at ``grad_clip`` (None:
+    no clipping)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        check_positive_int("ppo_epochs", self.ppo_epochs)
+        check_positive_int("mini_batches", self.mini_batches)
 
 
 def sequence_logprobs(model: Any, batch: ExperienceBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -51,11 +74,8 @@ class TrainerWorker:
         pad_token_id: padding id for collation.
         algorithm: a registered policy loss (``"ppo"``, ``"m2po"``, ``"grpo"``…).
         loss_options: options of the chosen loss (see :func:`~asyncrlhf.losses.policy_loss`).
-        lr, weight_decay, betas: AdamW.
-        grad_clip: max global gradient norm (None: no clipping).
+        optim: AdamW settings, gradient clipping, epochs and mini-batches per batch.
         temperature: sampling temperature of the engines; log-probs are recomputed at it.
-        ppo_epochs: passes over each batch.
-        mini_batches: optimiser steps per pass (the batch is split evenly).
         ref_model: frozen reference for the KL term (GRPO's ``kl_coef``).
         versions: optional shared version source with ``bump()``, bumped once per step.
         device: where to train (default: where the model is).
@@ -68,33 +88,25 @@ class TrainerWorker:
         pad_token_id: int,
         algorithm: str = "grpo",
         loss_options: dict[str, Any] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float | None = 1.0,
+        optim: OptimConfig = OptimConfig(),
         temperature: float = 1.0,
-        ppo_epochs: int = 1,
-        mini_batches: int = 1,
         ref_model: Any | None = None,
         versions: Any | None = None,
         device: str | torch.device | None = None,
         seed: int = 0,
     ) -> None:
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr!r}")
-        if grad_clip is not None and not grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip!r}")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for training, got {temperature!r}")
         self.model = model.to(device) if device is not None else model
         self.device = next(self.model.parameters()).device
         self.pad_token_id = pad_token_id
         self.loss_fn = policy_loss(algorithm, **(loss_options or {}))
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
-        self.grad_clip = grad_clip
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+        )
+        self.grad_clip = optim.grad_clip
         self.temperature = temperature
-        self.ppo_epochs = check_positive_int("ppo_epochs", ppo_epochs)
-        self.mini_batches = check_positive_int("mini_batches", mini_batches)
+        self.ppo_epochs, self.mini_batches = optim.ppo_epochs, optim.mini_batches
         self.ref_model = ref_model.to(self.device).eval().requires_grad_(False) if ref_model is not None else None
         self.versions = versions
         self.version = 0 if versions is None else int(versions.version)

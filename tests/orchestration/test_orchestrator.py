@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from asyncrlhf.orchestration import Orchestrator, Schedule, VersionManager
-from asyncrlhf.rollout import HFEngine
+from asyncrlhf.rollout import HFEngine, Sampling
 from asyncrlhf.tasks import AdditionTask
-from asyncrlhf.training import TrainerWorker
+from asyncrlhf.training import OptimConfig, TrainerWorker
 from tests.helpers import even_first_token, small_model
 
 VOCABULARY = {
@@ -19,8 +19,8 @@ VOCABULARY = {
 def build(mode: str, steps_seed: int = 0, algorithm: str = "grpo", **kwargs) -> Orchestrator:  # type: ignore[no-untyped-def]
     model, tok = small_model(seed=steps_seed)
     task = AdditionTask(tok, digits=2, seed=0, eval_size=16)
-    trainer = TrainerWorker(model, tok.pad_token_id, algorithm, lr=1e-2)
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=4, seed=1)
+    trainer = TrainerWorker(model, tok.pad_token_id, algorithm, optim=OptimConfig(lr=1e-2))
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=4), seed=1)
     fields = {"group_size": 4, "prompts_per_step": 4, "eval_every": 2}
     fields.update({k: kwargs.pop(k) for k in list(kwargs) if k in Schedule.__dataclass_fields__})
     return Orchestrator(engine, trainer, task.train_problems(), even_first_token, tok.eos_token_id,

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from asyncrlhf.rollout import HFEngine, RolloutEngine, StubEngine, VLLMEngine
+from asyncrlhf.rollout import HFEngine, RolloutEngine, Sampling, StubEngine, VLLMEngine
 from asyncrlhf.rollout.vllm import vllm_available
 from tests.helpers import small_model
 
@@ -66,7 +66,9 @@ class TestHFEngine(EngineContract):
     def make(self) -> HFEngine:
         model, tokenizer = small_model()
         self._model = model
-        return HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, max_new_tokens=6, seed=0)
+        return HFEngine(
+            model, tokenizer.eos_token_id, tokenizer.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=0
+        )
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self._model.state_dict().items()}
@@ -74,10 +76,14 @@ class TestHFEngine(EngineContract):
 
 def test_hf_engine_is_reproducible_and_ignores_the_global_rng():
     model, tok = small_model()
-    a = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=5).generate(PROMPTS, 4)
+    a = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=5).generate(
+        PROMPTS, 4
+    )
     torch.manual_seed(123)  # the global RNG must not matter
     torch.rand(10)
-    b = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=5).generate(PROMPTS, 4)
+    b = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=5).generate(
+        PROMPTS, 4
+    )
     assert all(torch.equal(x.response_ids, y.response_ids) for x, y in zip(a, b, strict=True))
 
 
@@ -90,7 +96,7 @@ def test_hf_engine_stops_rows_at_eos_and_pads_nothing_into_responses():
         head.bias.zero_()
         head.bias[tok.eos_token_id] = math.log(vocab - 1)
     model.lm_head = head
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=8, seed=0)
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=8), seed=0)
     samples = engine.generate(PROMPTS, 8)
     lengths = []
     for s in samples:
@@ -105,15 +111,17 @@ def test_hf_engine_stops_rows_at_eos_and_pads_nothing_into_responses():
 def test_hf_engine_temperature_and_top_p_validation():
     model, tok = small_model()
     with pytest.raises(ValueError, match="temperature"):
-        HFEngine(model, tok.eos_token_id, tok.pad_token_id, temperature=-1.0)
+        HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(temperature=-1.0))
     with pytest.raises(ValueError, match="top_p"):
-        HFEngine(model, tok.eos_token_id, tok.pad_token_id, top_p=0.0)
+        HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(top_p=0.0))
 
 
 def test_top_p_keeps_only_the_nucleus():
     model, tok = small_model()
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=4, top_p=1e-6, seed=0)
-    greedy = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=4, temperature=0.0)
+    engine = HFEngine(
+        model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=4, top_p=1e-6), seed=0
+    )
+    greedy = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=4, temperature=0.0))
     sampled, argmax = engine.generate(PROMPTS, 2), greedy.generate(PROMPTS, 2)
     for s, g in zip(sampled, argmax, strict=True):
         assert torch.equal(s.response_ids, g.response_ids)  # a tiny nucleus is the argmax

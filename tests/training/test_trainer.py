@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from asyncrlhf.losses import group_advantages
-from asyncrlhf.rollout import HFEngine
-from asyncrlhf.training import TrainerWorker, sequence_logprobs
+from asyncrlhf.rollout import HFEngine, Sampling
+from asyncrlhf.training import OptimConfig, TrainerWorker, sequence_logprobs
 from asyncrlhf.types import Experience, collate
 from tests.helpers import even_first_token, small_model
 
@@ -29,7 +29,9 @@ def rollout(engine: HFEngine) -> list[Experience]:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_recomputed_logprobs_match_the_engine(temperature):
     model, tok = small_model()
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=8, temperature=temperature, seed=1)
+    engine = HFEngine(
+        model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=8, temperature=temperature), seed=1
+    )
     experiences = rollout(engine)
     batch = collate(experiences, tok.pad_token_id)
     with torch.no_grad():
@@ -46,8 +48,8 @@ def test_recomputed_logprobs_match_the_engine(temperature):
 def test_a_few_steps_change_every_parameter(algorithm):
     model, tok = small_model()
     before = copy.deepcopy(model.state_dict())
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=2)
-    trainer = TrainerWorker(model, tok.pad_token_id, algorithm, lr=1e-2)
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=2)
+    trainer = TrainerWorker(model, tok.pad_token_id, algorithm, optim=OptimConfig(lr=1e-2))
     for _ in range(3):
         trainer.step(rollout(engine))
         engine.load_weights(trainer.state_dict(), trainer.version)
@@ -58,7 +60,7 @@ def test_a_few_steps_change_every_parameter(algorithm):
 
 def test_non_finite_loss_skips_the_step_and_leaves_weights_untouched():
     model, tok = small_model()
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=3)
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=3)
     experiences = rollout(engine)
     experiences[0].logprobs[0] = float("nan")
     trainer = TrainerWorker(model, tok.pad_token_id, "ppo")
@@ -71,8 +73,8 @@ def test_non_finite_loss_skips_the_step_and_leaves_weights_untouched():
 
 def test_mini_batches_and_epochs():
     model, tok = small_model()
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=4)
-    trainer = TrainerWorker(model, tok.pad_token_id, "grpo", ppo_epochs=2, mini_batches=4, lr=1e-2)
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(ppo_epochs=2, mini_batches=4, lr=1e-2))
     metrics = trainer.step(rollout(engine))
     assert metrics["train/skipped_updates"] == 0.0
     assert metrics["policy/ratio_max"] > 1.0  # later updates see the policy moved
@@ -81,8 +83,8 @@ def test_mini_batches_and_epochs():
 def test_save_load_continue_equals_not_stopping(tmp_path):
     def setup():  # type: ignore[no-untyped-def]
         model, tok = small_model()
-        engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, max_new_tokens=6, seed=5)
-        trainer = TrainerWorker(model, tok.pad_token_id, "grpo", mini_batches=2, lr=1e-2, seed=9)
+        engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=5)
+        trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(mini_batches=2, lr=1e-2), seed=9)
         return engine, trainer
 
     engine, trainer = setup()
@@ -110,4 +112,4 @@ def test_missing_advantages_and_bad_settings_fail_clearly():
     with pytest.raises(ValueError, match="unknown options"):
         TrainerWorker(model, tok.pad_token_id, "ppo", {"m2_threshold": 0.1})
     with pytest.raises(ValueError, match="lr"):
-        TrainerWorker(model, tok.pad_token_id, lr=0.0)
+        TrainerWorker(model, tok.pad_token_id, optim=OptimConfig(lr=0.0))
