@@ -8,8 +8,8 @@ yet each run is deterministic on a given CPU.
 
 Float kernels still differ between CPUs, so a run's path does too. The thresholds
 below come from the spread measured over a matrix of kernel settings × seeds
-(``python -m benchmarks.learning``, which emulates AVX2 and SSE-only machines on this
-one: see its docstring); each test runs one cell, seed 0 on this machine's kernels.
+(``asyncrlhf bench --suite matrix``, whose ``learning`` case emulates AVX2 and SSE-only
+machines on this one: see ``benchmarks/learning.py``); each test runs one cell, seed 0 on this machine's kernels.
 SPREAD records what was measured; each threshold sits below the worst cell with margin.
 """
 
@@ -37,8 +37,9 @@ SPREAD = {
     # asyncrlhf bench --suite matrix (each cell this test's run at another seed/kernels)
     "grpo": "+13.5 to +22.0 over 3 kernel settings x 3 seeds, mean +17.7; seed 0: +18.5 / +17.0 / +15.0 "
     "(native AVX-512 / avx2 / default); threshold +10, 3.5 below the worst cell",
-    # python -m benchmarks.learning --seeds 0 --set orchestrator.mode=lagged --set orchestrator.lag=1
-    #   --set algorithm.name=m2po --set trainer.lr=2e-4 --set trainer.steps=500 --set orchestrator.eval_every=500
+    # benchmarks.learning.run_matrix(["native", "avx2", "default"], [0], ["orchestrator.mode=lagged",
+    #   "orchestrator.lag=1", "algorithm.name=m2po", "trainer.lr=2e-4", "trainer.steps=500",
+    #   "orchestrator.eval_every=500"])
     "m2po": "seed 0: +13.0 / +7.0 / +10.0 (native AVX-512 / avx2 / default); threshold +4, 3 below the worst",
 }
 
