@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -62,6 +63,14 @@ class Experience:
             )
         if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int):
             raise TypeError(f"policy_version must be an int, got {self.policy_version!r}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The experience as plain values and tensors (for checkpoints)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Experience:
+        return cls(**state)
 
 
 @dataclass(slots=True)

@@ -115,6 +115,15 @@ class LockedBuffer:
             "size": size,
         }
 
+    def _counter_state(self) -> dict[str, int]:
+        """The accounting counters, for a checkpoint (call with the lock held)."""
+        return {"pushed": self._pushed, "sampled": self._sampled, "dropped_overflow": self._dropped_overflow,
+                "evicted_stale": self._evicted_stale}  # fmt: skip
+
+    def _restore_counters(self, counters: dict[str, int]) -> None:
+        self._pushed, self._sampled = int(counters["pushed"]), int(counters["sampled"])
+        self._dropped_overflow, self._evicted_stale = int(counters["dropped_overflow"]), int(counters["evicted_stale"])
+
     def _take(self, out: list[Any], n: int) -> None:
         raise NotImplementedError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
+from typing import Any
 
 from asyncrlhf._checks import check_positive_int
 from asyncrlhf.buffers.base import LockedBuffer, StalenessRule
@@ -98,6 +99,27 @@ class GroupAwareReplayBuffer(LockedBuffer):
             out["pending"] = self._pending_count
             out["ready_groups"] = len(self._ready)
             return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the buffer holds (pending and ready groups, in order) and its accounting,
+        for a checkpoint; :meth:`load_state_dict` restores it into an empty buffer."""
+        with self._cond:
+            return {
+                "counters": self._counter_state(),
+                "pending": [[exp.state_dict() for exp in group] for group in self._pending.values()],
+                "ready": [[exp.state_dict() for exp in group] for group in self._ready],
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self._cond:
+            if self._pushed or self._pending or self._ready:
+                raise RuntimeError("load_state_dict needs an empty, unused buffer")
+            self._restore_counters(state["counters"])
+            for group in state["pending"]:
+                experiences = [Experience.from_state(e) for e in group]
+                self._pending[experiences[0].prompt_id] = experiences
+                self._pending_count += len(experiences)
+            self._ready.extend([Experience.from_state(e) for e in group] for group in state["ready"])
 
     # Called with the lock held.
     def _units(self, out: list[list[Experience]]) -> int:

@@ -14,6 +14,12 @@ step record), which the Ray runtime (:mod:`asyncrlhf.distributed`) shares.
 Every weight load is checksum-verified against the trainer's snapshot; the buffer
 refuses data outside the staleness bound, so the bound holds by construction and is
 checked again at the door.
+
+Checkpoints: :meth:`Orchestrator.checkpoint` captures the whole run state between two
+steps (trainer, buffer, published-weights ring, the engine's sampling stream, the prompt
+stream's position, the record) with the rollout thread paused between batches;
+:meth:`Orchestrator.restore` puts it back before :meth:`Orchestrator.run`, which then
+continues at the next step: exactly as the uninterrupted run in ``sync`` and ``lagged``.
 """
 
 from __future__ import annotations
@@ -90,31 +96,74 @@ class Orchestrator:
         )  # fmt: skip
         self.buffer = self.trainer_side.buffer
         self.versions = self.trainer_side.versions
+        self._rollout_lock = threading.Lock()  # held while a batch is generated and pushed
+        self._next_batch = 0  # the next batch the rollout side generates
+        self._drawn = 0  # problems taken from the stream
+        self._restored = False
+        self._force_load = False  # load (and verify) even the version the engine claims
 
     # ------------------------------------------------------------------ run
-    def run(self, num_steps: int) -> RunHistory:
-        """Train for ``num_steps`` trainer steps; returns the run's history."""
+    def run(self, num_steps: int, after_step: Callable[[int], None] | None = None) -> RunHistory:
+        """Train until ``num_steps`` trainer steps are done (counting those before a
+        :meth:`restore`); returns the run's history. ``after_step(steps_done)`` runs in
+        the trainer's thread after every step (a checkpoint, a stop request)."""
         check_positive_int("num_steps", num_steps)
-        self.recorder = StepRecorder(self.schedule.mode, self.on_metrics)
-        self.trainer_side.publish()
-        self._load(0, force=True)  # initial weights are verified too
-        if self.schedule.eval_every:
+        if not self._restored:
+            self.recorder = StepRecorder(self.schedule.mode, self.on_metrics)
+            self.trainer_side.publish()
+            self._await(0, force=True)
+            self._load(0, force=True)  # the initial weights are verified too
+        # (restored: the next batch's weights may not be published yet; its load is forced)
+        if self.schedule.eval_every and not self._restored:
             self.recorder.history.initial_metrics["eval/accuracy"] = self.trainer_side.evaluate()
+        self.recorder.begin(keep_elapsed=self._restored)
+        first = self.recorder.steps_done
         if self.schedule.mode == "sync":
-            for step in range(num_steps):
+            for step in range(first, num_steps):
                 self._rollout(step)
-                self._train(step)
+                self._train(step, after_step)
         else:
-            self._run_concurrently(num_steps)
+            self._run_concurrently(first, num_steps, after_step)
         return self.recorder.finish([self.worker.name])
 
-    def _run_concurrently(self, num_steps: int) -> None:
+    # ---------------------------------------------------------- checkpoints
+    def checkpoint(self, write: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``write(state)`` with the whole run state, between two trainer steps (call
+        it from ``after_step``); the rollout side waits between batches meanwhile, so the
+        state is consistent and unchanged while it is written."""
+        with self._rollout_lock:
+            write({
+                "steps_done": self.recorder.steps_done,
+                "trainer": self.trainer.state(),
+                "buffer": self.buffer.state_dict(),
+                "weights": self.weights.state_dict(),
+                "engine": {"version": self.engine.version, "rng": self.engine.rng_state()},
+                "rollout": {"next_batch": self._next_batch, "problems_drawn": self._drawn},
+                "record": self.recorder.state_dict(),
+            })  # fmt: skip
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put a :meth:`checkpoint` back, before :meth:`run` (on a freshly built run)."""
+        if self._restored or self.recorder.steps_done:
+            raise RuntimeError("restore() needs a freshly built orchestrator that has not run")
+        self.trainer.restore(state["trainer"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.weights.load_state_dict(state["weights"])
+        self.engine.set_rng_state(state["engine"]["rng"])
+        self._next_batch = int(state["rollout"]["next_batch"])
+        for _ in range(int(state["rollout"]["problems_drawn"])):  # the stream is deterministic: replay it
+            next(self.problems)
+        self._drawn = int(state["rollout"]["problems_drawn"])
+        self.recorder.load_state_dict(state["record"])
+        self._restored = self._force_load = True
+
+    def _run_concurrently(self, first: int, num_steps: int, after_step: Callable[[int], None] | None) -> None:
         stop = threading.Event()
         failure: list[BaseException] = []
 
         def rollout() -> None:
             try:
-                for batch in itertools.count():
+                for batch in itertools.count(self._next_batch):
                     if stop.is_set():
                         return
                     self._rollout(batch)
@@ -127,8 +176,8 @@ class Orchestrator:
         thread = threading.Thread(target=rollout, name="rollout-0", daemon=True)
         thread.start()
         try:
-            for step in range(num_steps):
-                self._train(step, failure)
+            for step in range(first, num_steps):
+                self._train(step, after_step, failure)
         finally:
             stop.set()
             self.weights.close()
@@ -138,32 +187,49 @@ class Orchestrator:
             raise RuntimeError(f"rollout worker failed: {failure[0]!r}") from failure[0]
 
     # ------------------------------------------------------------- rollout
+    def _await(self, batch: int, force: bool = False) -> None:
+        """Wait until the weights batch ``batch`` may use are published (unless held)."""
+        needed, exact = self.schedule.required_version(batch), self.schedule.exact
+        if not force and not self._force_load and exact and self.engine.version == needed:
+            return
+        start = time.time()
+        self.weights.wait(needed, exact, self.timeout_s)
+        self._event(self.worker.name, "wait", start, time.time())
+
     def _load(self, batch: int, force: bool = False) -> None:
-        """Load the weights batch ``batch`` may use, waiting for them to be published."""
+        """Load the (published) weights batch ``batch`` may use, verified, unless held."""
+        force, self._force_load = force or self._force_load, False
         needed, exact = self.schedule.required_version(batch), self.schedule.exact
         if not force and exact and self.engine.version == needed:
             return
-        start = time.time()
-        snapshot = self.weights.wait(needed, exact, self.timeout_s)
-        self._event(self.worker.name, "wait", start, time.time())
+        snapshot = self.weights.find(needed, exact)
+        assert snapshot is not None, f"version {needed} is not published"
         if force or snapshot.version != self.engine.version:
             self.worker.load_snapshot(snapshot)
 
     def _rollout(self, batch: int) -> None:
         """Generate batch ``batch`` with the weights it may use and push it to the buffer."""
-        self._load(batch)
-        problems = [next(self.problems) for _ in range(self.schedule.prompts_per_step)]
-        experiences = self.worker.generate_batch(problems, key=f"b{batch}")
-        self.recorder.tokens += sum(e.response_ids.shape[0] for e in experiences)
-        for experience in experiences:
-            self.buffer.push(experience)
+        self._await(batch)  # outside the lock: a checkpoint may be taken meanwhile
+        with self._rollout_lock:
+            self._load(batch)
+            problems = [next(self.problems) for _ in range(self.schedule.prompts_per_step)]
+            self._drawn += len(problems)
+            experiences = self.worker.generate_batch(problems, key=f"b{batch}")
+            self.recorder.tokens += sum(e.response_ids.shape[0] for e in experiences)
+            for experience in experiences:
+                self.buffer.push(experience)
+            self._next_batch = batch + 1
 
     # ------------------------------------------------------------- trainer
-    def _train(self, step: int, failure: list[BaseException] | None = None) -> None:
+    def _train(
+        self, step: int, after_step: Callable[[int], None] | None, failure: list[BaseException] | None = None
+    ) -> None:
         start = time.time()
         groups = self._collect(failure)
         self._event("trainer", "wait", start, time.time())
         self.recorder.step(*self.trainer_side.step(step, groups))
+        if after_step is not None:
+            after_step(self.recorder.steps_done)
 
     def _collect(self, failure: list[BaseException] | None) -> list[list[Experience]]:
         groups: list[list[Experience]] = []

@@ -161,12 +161,15 @@ class StepRecorder:
         self.tokens = 0  # generated response tokens
         self.t0 = time.time()
         self._last = self.t0
+        self._elapsed = 0.0  # run time before a restore
         self._events: list[TimelineEvent] = []
         self._lock = threading.Lock()
 
-    def begin(self) -> None:
-        """Start the clock: throughput and bubbles are measured from here."""
-        self.t0 = self._last = time.time()
+    def begin(self, keep_elapsed: bool = False) -> None:
+        """Start the clock: throughput and bubbles are measured from here (after a
+        restore, ``keep_elapsed`` continues the restored run's clock)."""
+        now = time.time()
+        self.t0, self._last = now - (self._elapsed if keep_elapsed else 0.0), now
 
     def event(self, worker: str, phase: str, start: float, end: float | None = None) -> None:
         with self._lock:
@@ -190,6 +193,29 @@ class StepRecorder:
         self.history.staleness.append(staleness)
         if self.on_metrics is not None:
             self.on_metrics(step, metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The record so far (for checkpoints): steps, staleness, events, counters, and
+        the run time elapsed, so throughput continues across a resume."""
+        with self._lock:
+            events = [(e.worker, e.phase, e.start, e.end) for e in self._events]
+        history = self.history
+        return {"steps": [dict(s) for s in history.steps], "staleness": [list(s) for s in history.staleness],
+                "initial_metrics": dict(history.initial_metrics), "events": events, "samples": self.samples,
+                "tokens": self.tokens, "elapsed": time.time() - self.t0}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        history = self.history
+        history.steps, history.staleness = [dict(s) for s in state["steps"]], [list(s) for s in state["staleness"]]
+        history.initial_metrics = dict(state["initial_metrics"])
+        with self._lock:
+            self._events = [TimelineEvent(*e) for e in state["events"]]
+        self.samples, self.tokens = int(state["samples"]), int(state["tokens"])
+        self._elapsed = float(state["elapsed"])
+
+    @property
+    def steps_done(self) -> int:
+        return len(self.history.steps)
 
     def finish(self, rollout_workers: list[str], extra: dict[str, float] | None = None) -> RunHistory:
         """The timeline and the summary; a worker with no event was idle throughout."""

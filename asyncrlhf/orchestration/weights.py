@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -87,6 +88,24 @@ class WeightStore:
                     raise TimeoutError(f"no weights of version {'=' if exact else '>='}{version} within {timeout}s")
                 self._cond.wait(remaining)
             return snap
+
+    def state_dict(self) -> list[tuple[int, Any, str]]:
+        """The ring, oldest first: ``(version, weights, checksum)`` (for checkpoints)."""
+        with self._cond:
+            return [(s.version, s.weights, s.checksum) for s in self._snapshots.values()]
+
+    def load_state_dict(self, ring: list[tuple[int, Any, str]]) -> None:
+        """Refill an empty ring from :meth:`state_dict`."""
+        with self._cond:
+            if self._snapshots:
+                raise RuntimeError("load_state_dict needs an empty weight store")
+            for version, weights, checksum in ring:
+                self._snapshots[int(version)] = Snapshot(int(version), weights, checksum)
+
+    @property
+    def versions(self) -> list[int]:
+        with self._cond:
+            return list(self._snapshots)
 
     def close(self) -> None:
         """Wake every waiter with WeightStoreClosed."""

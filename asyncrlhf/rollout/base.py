@@ -98,6 +98,16 @@ class EngineBase:
         """Restart the sampling stream from ``seed`` (so a batch's samples do not depend
         on which worker drew it). Engines without a seedable stream keep theirs."""
 
+    def rng_state(self) -> torch.Tensor | None:
+        """The sampling stream's state (for checkpoints); None: not seedable here."""
+        generator = getattr(self, "_generator", None)
+        return None if generator is None else generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        generator = getattr(self, "_generator", None)
+        if generator is not None and state is not None:
+            generator.set_state(state.cpu())
+
     async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
         """``generate`` on a worker thread, so an event loop keeps serving meanwhile."""
         return await asyncio.to_thread(self.generate, prompts, num_samples)

@@ -190,9 +190,11 @@ class TrainerWorker:
     def checksum(self) -> str:
         return weights_checksum(self.model)
 
-    def save(self, path: str | Path) -> None:
-        """Checkpoint model, optimiser, version and every RNG state to ``path``."""
-        state = {
+    def state(self) -> dict[str, Any]:
+        """Model, optimiser, version and every RNG state: plain values and tensors only,
+        so ``torch.load(..., weights_only=True)`` reads it back."""
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
@@ -201,16 +203,22 @@ class TrainerWorker:
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                 "python": random.getstate(),
-                "numpy": np.random.get_state(),
+                "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
                 "trainer": self._generator.get_state(),
             },
         }
+
+    def save(self, path: str | Path) -> None:
+        """Checkpoint :meth:`state` to ``path``."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, path)
+        torch.save(self.state(), path)
 
     def load(self, path: str | Path) -> None:
         """Restore what :meth:`save` wrote; the shared version source follows."""
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.restore(torch.load(path, map_location=self.device, weights_only=True))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state`; the shared version source follows."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
@@ -219,8 +227,10 @@ class TrainerWorker:
         torch.set_rng_state(rng["torch"].cpu())
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        python = rng["python"]
+        random.setstate((python[0], tuple(python[1]), python[2]))
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
         self._generator.set_state(rng["trainer"].cpu())
         if self.versions is not None:
             self.versions.restore(self.version)
