@@ -47,6 +47,7 @@ TARGETS: dict[str, float] = {
     "reward.adversarial_vs_scan": 0.9,
     "pipeline.latency.async_speedup": 1.8,
     "pipeline.latency.bubble_frac_trainer": 0.10,
+    "checkpoint.cost_frac": 0.03,
 }
 REWARD_FIGURES: dict[str, Literal["higher", "lower"]] = {
     "speedup_vs_loop": "higher",
@@ -207,6 +208,21 @@ def _overhead_case(params: dict[str, Any]) -> list[Figure]:
     ]
 
 
+def _checkpoint_case(params: dict[str, Any]) -> list[Figure]:
+    """Checkpoint writing as a share of run time, at the default interval
+    (``trainer.checkpoint_every``), in lagged mode (its ring of stale snapshots included)."""
+    from pipelines.run import run_experiment
+
+    shares = []
+    for _ in range(params["repeats"]):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_experiment(_quickstart_spec([*params["overrides"], *_LAGGED], f"sqlite:///{tmp}/mlflow.db"))
+        shares.append(result.final_metrics["perf/checkpoint_frac"])
+    target, note = TARGETS["checkpoint.cost_frac"], "share of run time spent writing checkpoints"
+    return [Figure.of("checkpoint.cost_frac", shares, "lower", unit="", tolerance=0.02, absolute=True, target=target,
+                      note=note)]  # fmt: skip
+
+
 # Absolute slack of the gated learning figure (a mean gain over seeds), in accuracy
 # points, derived from the spread measured by the `matrix` suite (3 kernel settings ×
 # 3 seeds, 2026-11-30): per-kernel 3-seed means +18.0 (native AVX-512), +18.8 (AVX2),
@@ -222,6 +238,7 @@ CASES: dict[str, Case] = {
     "pipeline": _pipeline_case,
     "learning": _learning_case,
     "overhead": _overhead_case,
+    "checkpoint": _checkpoint_case,
 }
 
 _SHORT = ["trainer.steps=20", "trainer.batch_size=128", "orchestrator.eval_every=0"]
@@ -234,6 +251,10 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
         "losses": {"tokens": 1 << 18, "repeats": 5, "rounds": 3},
         "buffer": {"items": 60_000, "repeats": 5},
         "overhead": {"overrides": _SHORT, "repeats": 1},
+        "checkpoint": {
+            "overrides": ["trainer.steps=200", "trainer.batch_size=64", "orchestrator.eval_every=0"],
+            "repeats": 1,
+        },
     },
     "full": {
         "reward": {"shapes": [(256, 1024), (64, 256)], "repeats": 20, "rounds": 3},
@@ -241,6 +262,10 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
         "buffer": {"items": 200_000, "repeats": 5},
         "pipeline": {"settings": ["latency", "hf"], "steps": 30, "repeats": 3},
         "overhead": {"overrides": ["trainer.steps=50", "orchestrator.eval_every=0"], "repeats": 3},
+        "checkpoint": {
+            "overrides": ["trainer.steps=300", "trainer.batch_size=128", "orchestrator.eval_every=0"],
+            "repeats": 1,
+        },
         # lagged k = 1: the quick start's staleness, made exact, so each cell is
         # deterministic (in async mode which version within the bound a batch gets
         # depends on thread timing). Three seeds on this machine's kernels.

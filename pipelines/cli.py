@@ -59,11 +59,73 @@ def schema(output: Annotated[Path | None, typer.Option(help="Write to this file 
 
 
 @app.command()
-def run(spec: SpecArg, set_: SetOpt = None) -> None:
-    """Run an experiment and log it to MLflow."""
-    from pipelines.run import run_experiment
+def run(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    resume: Annotated[
+        str | None, typer.Option(help="Continue this MLflow run from its last checkpoint (same spec but for steps).")
+    ] = None,
+) -> None:
+    """Run an experiment and log it to MLflow (or continue a stopped run: --resume RUN_ID)."""
+    _run(_load(spec, set_), str(spec), resume)
 
-    experiment = _load(spec, set_)
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="The MLflow run to continue.", show_default=False)],
+    set_: SetOpt = None,
+    uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
+) -> None:
+    """Continue a stopped (or, with a raised trainer.steps, a finished) run from its last checkpoint."""
+    from mlflow import MlflowClient
+
+    from pipelines.tracking import read_run, resolve_tracking_uri
+
+    try:
+        _, data, _ = read_run(MlflowClient(resolve_tracking_uri(uri)), run_id)
+        if uri is not None:
+            data.setdefault("tracking", {})["uri"] = uri
+        experiment = spec_from_dict(apply_overrides(data, set_ or []), source=f"run {run_id}")
+    except (LookupError, SpecError) as err:
+        errors.print(f"[bold red]error:[/] resume: {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    _run(experiment, f"run {run_id}", run_id)
+
+
+@app.command()
+def export(
+    run_id: Annotated[str, typer.Argument(help="The MLflow run whose trained policy to copy out.", show_default=False)],
+    out: Annotated[Path, typer.Option(help="New directory for the policy (Hugging Face layout).", show_default=False)],
+    uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
+) -> None:
+    """Copy a run's trained policy out of the store: load it with `model.kind: pretrained`, `model.path: OUT`."""
+    from mlflow import MlflowClient
+
+    from pipelines.tracking import resolve_tracking_uri
+
+    if out.exists():
+        errors.print(f"[bold red]error:[/] --out {out} exists: give a new directory")
+        raise typer.Exit(2)
+    try:
+        path = MlflowClient(resolve_tracking_uri(uri)).download_artifacts(run_id, "policy", str(out.parent))
+    except Exception as err:
+        errors.print(f"[bold red]error:[/] run {run_id!r} has no policy to export ({type(err).__name__})")
+        raise typer.Exit(2) from None
+    Path(path).rename(out)
+    console.print(f"[green]exported[/] the policy of run {run_id} to {out}")
+
+
+def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None:
+    from pipelines.checkpoints import CheckpointError
+    from pipelines.run import RunInterrupted, check_resume, run_experiment
+
+    if resume_id is not None:
+        try:
+            check_resume(experiment, resume_id)  # before anything is shown or built
+        except SpecError as err:
+            errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
     steps = experiment.trainer.steps
     latest: dict[str, float] = {}
     progress = Progress(
@@ -86,12 +148,19 @@ def run(spec: SpecArg, set_: SetOpt = None) -> None:
         )
         progress.update(task, completed=step, status=status, description=label)
 
-    console.print(f"[bold]{experiment.name}[/]: {experiment.description or spec}")
+    console.print(f"[bold]{experiment.name}[/]: {experiment.description or source}")
     label = f"{experiment.algorithm.name}/{experiment.orchestrator.mode}"
     with progress:
         task = progress.add_task(f"{label} (building the model)", total=steps, status="")
         try:
-            result = run_experiment(experiment, on_metrics=on_metrics)
+            result = run_experiment(experiment, on_metrics=on_metrics, resume=resume_id)
+        except (SpecError, CheckpointError) as err:  # refused before any run was created or reopened
+            errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except RunInterrupted as err:
+            errors.print(f"[yellow]{err}[/]: checkpointed, the MLflow run is marked KILLED; "
+                         "`asyncrlhf resume RUN_ID` continues it")  # fmt: skip
+            raise typer.Exit(143 if str(err).startswith("SIGTERM") else 130) from None
         except KeyboardInterrupt:
             errors.print("[yellow]interrupted[/]: the MLflow run is marked KILLED")
             raise typer.Exit(130) from None

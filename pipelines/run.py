@@ -6,9 +6,12 @@ import contextlib
 import copy
 import functools
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,9 +23,22 @@ from asyncrlhf.rewards import CompositeReward, RewardTerm
 from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
-from pipelines.spec import ExperimentSpec
+from pipelines.checkpoints import Checkpoints, checkpoint_folder
+from pipelines.spec import ExperimentSpec, spec_from_dict
+from pipelines.specfile import SpecError, flatten, spec_hash
 
-__all__ = ["RunResult", "build_orchestrator", "build_task", "run_experiment", "seed_everything", "tiny_configs"]
+__all__ = [
+    "RunInterrupted",
+    "RunResult",
+    "build_orchestrator",
+    "build_task",
+    "check_resume",
+    "resume_key",
+    "run_experiment",
+    "seed_everything",
+    "stop_on_signals",
+    "tiny_configs",
+]
 
 MetricsCallback = Callable[[int, dict[str, float]], None]
 
@@ -175,15 +191,88 @@ def _actor_trainer(spec: ExperimentSpec, path: str) -> TrainerWorker:
     return _trainer(spec, model, tokenizer)
 
 
-def run_experiment(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None, track: bool = True) -> RunResult:
-    """Build, run and track one experiment.
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM, or a first Ctrl-C: the run stopped at a step boundary, checkpointed."""
 
-    Everything is built before the MLflow run is created, so a spec whose model or data
-    cannot be loaded leaves no run behind; once the run exists, any failure marks it
-    FAILED with the error.
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[list[str]]:
+    """While inside, SIGTERM and a first SIGINT ask the run to stop after the current
+    step (the list yielded gets the signal's name); a second SIGINT interrupts at once.
+    Outside the main thread (a sweep trial's actor) signals are left alone."""
+    requested: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        requested.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield requested
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def resume_key(spec: ExperimentSpec) -> str:
+    """What a checkpoint must match to be resumed: the spec but for its number of steps."""
+    return spec_hash(spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"steps": 0})}))
+
+
+def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
+    """The checkpoints of ``run_id`` if ``spec`` may continue it; else a SpecError naming
+    why (unknown run, another experiment, a changed spec, nothing left to run)."""
+    from mlflow import MlflowClient
+
+    from pipelines.tracking import read_run, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(spec.tracking.uri)
+    try:
+        run, old, experiment = read_run(MlflowClient(uri), run_id)
+    except LookupError as err:
+        raise SpecError(f"--resume: {err}") from None
+    if experiment != spec.tracking.experiment:
+        raise SpecError(f"--resume {run_id}: the run is in experiment {experiment!r}, the spec logs to "
+                        f"{spec.tracking.experiment!r}")  # fmt: skip
+    before, now = flatten(spec_from_dict(old, source=f"run {run_id}")), flatten(spec)
+    changed = [f"{k} ({before.get(k)} → {now.get(k)})" for k in sorted(set(before) | set(now))
+               if k != "trainer.steps" and before.get(k) != now.get(k)]  # fmt: skip
+    if changed:
+        raise SpecError(f"--resume {run_id}: only trainer.steps may change, but {', '.join(changed)}")
+    store = Checkpoints(checkpoint_folder(uri, run_id), spec.trainer.keep_checkpoints)
+    steps = store.steps()
+    if not steps:
+        raise SpecError(f"--resume {run_id}: the run has no checkpoint in {store.folder}")
+    if spec.trainer.steps <= steps[-1]:
+        what = "finished" if run.info.status == "FINISHED" else "is checkpointed at"
+        raise SpecError(f"--resume {run_id}: the run {what} step {steps[-1]} and trainer.steps={spec.trainer.steps}:"
+                        f" raise it (--set trainer.steps={2 * steps[-1]}) to continue")  # fmt: skip
+    return store
+
+
+def run_experiment(
+    spec: ExperimentSpec,
+    on_metrics: MetricsCallback | None = None,
+    track: bool = True,
+    resume: str | None = None,
+    checkpoint_dir: str | Path | None = None,
+) -> RunResult:
+    """Build, run and track one experiment; or continue run ``resume`` from its last
+    checkpoint (same spec but for ``trainer.steps``).
+
+    Everything is built (and a resume checked) before the MLflow run is created or
+    reopened, so bad input leaves no run behind; once the run exists, any failure marks
+    it FAILED with the error. Checkpoints go beside the store (or ``checkpoint_dir``).
     """
     from pipelines.tracking import Tracker
 
+    if resume is not None and not track:
+        raise ValueError("resume needs tracking (the run to continue is an MLflow run)")
+    store = check_resume(spec, resume) if resume is not None else None
     tracker = Tracker(spec.tracking) if track else None
     callbacks = [cb for cb in (tracker.on_metrics if tracker else None, on_metrics) if cb is not None]
 
@@ -200,21 +289,71 @@ def run_experiment(spec: ExperimentSpec, on_metrics: MetricsCallback | None = No
         orchestrator = build_orchestrator(spec, on_metrics=fan_out)
         if spec.runtime.kind == "ray":
             stack.callback(orchestrator.shutdown)
-        run_id = tracker.start(spec) if tracker else None
-        try:
-            start = time.perf_counter()
-            history = orchestrator.run(spec.trainer.steps)
-            wall = time.perf_counter() - start
-            # Per-step tracking cost as a share of the run (the < 5% budget); the one-off
-            # cost of plots and artifacts at the end is reported separately.
-            extra = {"perf/tracking_frac": tracker.step_seconds / wall} if tracker else {}
-            if tracker:
-                tracker.finish(history, extra)
-                extra["time/tracking_finish_s"] = tracker.finish_seconds
-        except BaseException as error:
-            if tracker:
-                tracker.fail(error)
-            raise
+        if store is not None:
+            state, manifest = store.load_latest()
+            orchestrator.restore(state)
+            tracker.resume(resume, manifest["step"], state["record"]["steps"])  # type: ignore[union-attr]
+            run_id: str | None = resume
+        else:
+            run_id = tracker.start(spec) if tracker else None
+            folder = checkpoint_dir or (checkpoint_folder(tracker.uri, run_id) if tracker and run_id else None)
+            if folder is not None and spec.trainer.checkpoint_every:
+                store = Checkpoints(folder, spec.trainer.keep_checkpoints)
+        history, extra = _train(spec, orchestrator, store, tracker)
     final = history.final()
     final.update(extra)
     return RunResult(run_id, final, history, tracker.uri if tracker else None)
+
+
+def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, tracker: Any) -> tuple[Any, dict]:
+    """Run to the end, checkpointing when due and on a stop request; finish or fail the run."""
+    every, key, done = spec.trainer.checkpoint_every, resume_key(spec), {"step": -1}
+
+    def checkpoint() -> None:
+        def write(state: dict[str, Any]) -> None:  # labelled by its own step (Ray may be one ahead)
+            store.save(state, state["steps_done"], key)  # type: ignore[union-attr]
+            done["step"] = state["steps_done"]
+
+        orchestrator.checkpoint(write)
+
+    try:
+        with stop_on_signals() as requested:
+
+            def after_step(step: int) -> None:
+                if store is not None and ((every and step % every == 0) or requested):
+                    checkpoint()
+                if requested:
+                    raise RunInterrupted(f"{requested[0]}: stopped after step {step}")
+
+            start = time.perf_counter()
+            history = orchestrator.run(spec.trainer.steps, after_step)
+            wall = time.perf_counter() - start
+        if store is not None and done["step"] != spec.trainer.steps:
+            checkpoint()  # the end too: a finished run can be continued
+        # Per-step tracking cost as a share of the run (the < 5% budget); the one-off
+        # cost of plots and artifacts at the end is reported separately.
+        extra = {"perf/tracking_frac": tracker.step_seconds / wall} if tracker else {}
+        if store is not None:
+            extra["perf/checkpoint_frac"] = store.seconds / wall
+        if tracker:
+            _log_policy(spec, orchestrator, tracker)
+            tracker.finish(history, extra)
+            extra["time/tracking_finish_s"] = tracker.finish_seconds
+    except BaseException as error:
+        if tracker:
+            tracker.fail(error)
+        raise
+    return history, extra
+
+
+def _log_policy(spec: ExperimentSpec, orchestrator: Any, tracker: Any) -> None:
+    """The trained policy as the run's output: ``policy/`` in the Hugging Face layout
+    (weights and tokenizer), loadable with ``model.kind: pretrained``."""
+    import tempfile
+
+    model, tokenizer = load_pretrained(_policy_path(spec))
+    model.load_state_dict(orchestrator.policy_state())
+    with tempfile.TemporaryDirectory(prefix="asyncrlhf-policy-") as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tracker.client.log_artifacts(tracker.run_id, tmp, "policy")

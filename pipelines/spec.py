@@ -143,6 +143,10 @@ class TrainerSpec(_Section):
     grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (null: no clipping).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
+    checkpoint_every: int = Field(
+        100, ge=0, description="Checkpoint every this many steps, at the end, and on SIGTERM/SIGINT (0: never)."
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept per run (the newest).")
 
     def to_optim(self) -> Any:
         """The trainer's :class:`~asyncrlhf.training.OptimConfig`."""

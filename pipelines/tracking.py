@@ -34,6 +34,7 @@ __all__ = [
     "experiment_id_for",
     "log_benchmark",
     "new_run",
+    "read_run",
     "resolve_tracking_uri",
 ]
 
@@ -115,6 +116,27 @@ def log_benchmark(uri: str | None, suite: str, figures: list[Any], regressed: li
     return run_id
 
 
+def read_run(client: Any, run_id: str) -> tuple[Any, dict[str, Any], str]:
+    """``(run, spec mapping, experiment name)`` of a run this platform logged.
+
+    Raises:
+        LookupError: no such run in the store, or one without its ``spec.yaml``.
+    """
+    try:
+        run = client.get_run(run_id)
+    except Exception:
+        raise LookupError(f"no run {run_id!r} in {client.tracking_uri}") from None
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one file: no progress bar on stderr
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, "spec.yaml", tmp)
+        except Exception:
+            raise LookupError(f"run {run_id!r} has no spec.yaml: not an asyncrlhf run") from None
+        spec = yaml.safe_load(Path(path).read_text())
+    experiment = client.get_experiment(run.info.experiment_id).name
+    return run, spec, experiment
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
@@ -137,6 +159,7 @@ class Tracker:
         self.finish_seconds = 0.0  # time spent on final metrics, plots and artifacts
         self._pending: list[Any] = []
         self._steps_since_flush = 0
+        self._logged_until = -1  # a resumed run: steps up to here are in the store already
 
     # ------------------------------------------------------------- lifecycle
     def start(self, spec: ExperimentSpec, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> str:
@@ -169,10 +192,33 @@ class Tracker:
         self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", "running")], synchronous=True)
         return self.run_id
 
+    def resume(self, run_id: str, from_step: int, restored: list[dict[str, float]]) -> None:
+        """Reopen ``run_id`` (RUNNING again) to continue it from checkpoint ``from_step``,
+        whose ``restored`` steps are logged where the store lacks them (metrics not yet
+        flushed when the process died); no step is logged twice. The run records how
+        often, and from which steps, it resumed."""
+        from mlflow.entities import RunTag
+
+        run = self.client.get_run(run_id)
+        self.run_id = run_id
+        history = self.client.get_metric_history(run_id, "loss/policy")
+        self._logged_until = max((m.step for m in history), default=0)
+        self._initial_logged = any(m.step == 0 for m in self.client.get_metric_history(run_id, "eval/accuracy"))
+        count = int(run.data.tags.get("resume.count", "0")) + 1
+        steps = [*json.loads(run.data.tags.get("resume.from_steps", "[]")), from_step]
+        tags = {"resume.count": str(count), "resume.from_steps": json.dumps(steps), "asyncrlhf.status": "running"}
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
+        self.client.update_run(run_id, status="RUNNING")
+        for step, metrics in enumerate(restored, 1):
+            self.on_metrics(step, metrics)
+        self.flush()
+
     def on_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """The core's ``on_metrics`` callback: queue, and flush every ``flush_every`` steps."""
         from mlflow.entities import Metric
 
+        if step <= self._logged_until:
+            return
         begin = time.perf_counter()
         now = int(time.time() * 1000)
         self._pending.extend(
@@ -200,7 +246,8 @@ class Tracker:
         begin = time.perf_counter()
         self.flush()
         now = int(time.time() * 1000)
-        final = [Metric(k, float(v), now, 0) for k, v in history.initial_metrics.items() if math.isfinite(v)]
+        initial = {} if getattr(self, "_initial_logged", False) else history.initial_metrics
+        final = [Metric(k, float(v), now, 0) for k, v in initial.items() if math.isfinite(v)]
         # Whole-run figures; those the per-step stream already carries (cumulative
         # throughput) are not logged twice at the last step.
         per_step = set(history.steps[-1]) if history.steps else set()
@@ -231,10 +278,12 @@ class Tracker:
         try:
             self.flush()
         finally:
+            killed = isinstance(error, KeyboardInterrupt)
+            label = "killed" if killed else "failed"
             self.client.log_batch(
-                self.run_id, tags=[RunTag("asyncrlhf.status", "failed"), RunTag("error", message)], synchronous=True
+                self.run_id, tags=[RunTag("asyncrlhf.status", label), RunTag("error", message)], synchronous=True
             )
-            status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+            status = "KILLED" if killed else "FAILED"
             self.client.set_terminated(self.run_id, status=status)
 
 

@@ -189,3 +189,14 @@ class TrainerActor:
 
     def buffer_stats(self) -> dict[str, int]:
         return self.side.buffer.stats()
+
+    def policy_state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def state(self) -> dict[str, Any]:
+        """Trainer and buffer (empty between steps: only its accounting) for a checkpoint."""
+        return {"trainer": self.trainer.state(), "buffer": self.side.buffer.state_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.trainer.restore(state["trainer"])
+        self.side.buffer.load_state_dict(state["buffer"])

@@ -180,24 +180,32 @@ class RayOrchestrator:
         self.restarts = 0
         self.published = WeightStore(keep=schedule.keep)  # snapshots of [object ref]
         self.recorder = StepRecorder(schedule.mode, on_metrics)
+        self._restored = False
+        self._run: _RunState | None = None
 
     # ------------------------------------------------------------------ run
-    def run(self, num_steps: int) -> RunHistory:
-        """Train for ``num_steps`` trainer steps; returns the run's history."""
+    def run(self, num_steps: int, after_step: Callable[[int], None] | None = None) -> RunHistory:
+        """Train until ``num_steps`` trainer steps are done (counting those before a
+        :meth:`restore`); returns the run's history. ``after_step(steps_done)`` runs on
+        the driver after every step."""
         check_positive_int("num_steps", num_steps)
-        self.recorder = recorder = StepRecorder(self.schedule.mode, self.on_metrics)
+        recorder = self.recorder
         # Actors build their models in the background; throughput and bubbles are
         # measured from the moment all of them are up (start-up is reported apart).
         begin = time.time()
-        self._add_published(self._get(self.trainer.publish.remote()))
+        if not self._restored:
+            self._add_published(self._get(self.trainer.publish.remote()))
         for worker in self.workers:
             worker.pid = self._get(worker.handle.pid.remote())
-        recorder.begin()
+        recorder.begin(keep_elapsed=self._restored)
         startup = recorder.t0 - begin
-        if self.schedule.eval_every:
+        if self.schedule.eval_every and not self._restored:
             recorder.history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
 
+        done = recorder.steps_done
         run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))
+        run.enqueued = run.next_submit = run.next_train = done
+        self._run, self._after_step = run, after_step
         while run.next_train < num_steps:
             self._dispatch(run)
             self._submit(run)
@@ -210,6 +218,8 @@ class RayOrchestrator:
                 raise TimeoutError(f"nothing finished within {self.timeout_s}s (step {run.next_train})")
             if head and ready[0] == head[0]:
                 self._trained(run)
+                if after_step is not None:
+                    after_step(recorder.steps_done)
             elif ready[0] in run.probes:
                 self._probed(run, ready[0])
             else:
@@ -276,6 +286,44 @@ class RayOrchestrator:
         self.recorder.tokens += meta["tokens"]
         run.done[chunk.batch][chunk.index] = exp_ref
         run.idle.append(worker)
+
+    # ---------------------------------------------------------- checkpoints
+    def policy_state(self) -> dict[str, Any]:
+        """The trained policy's weights (fetched from the trainer actor)."""
+        return self._get(self.trainer.policy_state.remote())
+
+    def checkpoint(self, write: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``write(state)`` with the run state after the last finished step (call it
+        from ``after_step``). Trainer steps already queued on the actor finish first, so
+        the state is that of a step boundary; chunks in flight are not kept: a restored
+        run generates those batches again (the same samples in ``sync``/``lagged``, each
+        chunk being seeded by its batch)."""
+        run = self._run
+        while run.training:  # a queued step finishes: the checkpoint follows it
+            self._trained(run)
+        ring = [(version, self._get(ref[0]), checksum) for version, ref, checksum in self.published.state_dict()]
+        write({
+            "steps_done": self.recorder.steps_done,
+            "trainer": self._get(self.trainer.state.remote()),
+            "weights": ring,
+            "rollout": {"problems_drawn": self.recorder.steps_done * self.schedule.prompts_per_step},
+            "record": self.recorder.state_dict(),
+            "restarts": self.restarts,
+        })  # fmt: skip
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put a :meth:`checkpoint` back before :meth:`run`: the trainer actor's state,
+        the published ring (put into the object store again), the prompt stream."""
+        if self._restored or self.recorder.steps_done:
+            raise RuntimeError("restore() needs a freshly built orchestrator that has not run")
+        self._get(self.trainer.restore.remote(state["trainer"]))
+        for version, weights, checksum in state["weights"]:
+            self._add_published((int(version), checksum, [ray.put(weights)]))
+        for _ in range(int(state["rollout"]["problems_drawn"])):  # the stream is deterministic: replay it
+            next(self.problems)
+        self.recorder.load_state_dict(state["record"])
+        self.restarts = int(state["restarts"])
+        self._restored = True
 
     def buffer_stats(self) -> dict[str, int]:
         """The trainer's buffer counters (pushed, sampled, dropped, evicted, size)."""

@@ -126,6 +126,10 @@ class Orchestrator:
             self._run_concurrently(first, num_steps, after_step)
         return self.recorder.finish([self.worker.name])
 
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The trained policy's weights (a copy)."""
+        return self.trainer.state_dict()
+
     # ---------------------------------------------------------- checkpoints
     def checkpoint(self, write: Callable[[dict[str, Any]], None]) -> None:
         """Call ``write(state)`` with the whole run state, between two trainer steps (call

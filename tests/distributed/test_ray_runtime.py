@@ -106,3 +106,50 @@ def test_a_killed_rollout_actor_restarts_and_the_run_finishes(ray_cluster):
     _, reference, _ = run_to_end(12, *lagged)
     for key in ("reward/mean", "loss/policy", "policy/clip_frac"):
         assert [s[key] for s in history.steps] == [s[key] for s in reference.steps], key
+
+
+def test_a_restored_ray_run_repeats_the_uninterrupted_one():
+    overrides = ["orchestrator.mode=lagged", "orchestrator.lag=1", "trainer.steps=6", "orchestrator.eval_every=3"]
+    keys = ("loss/policy", "reward/mean", "staleness/max", "eval/accuracy")
+
+    def curves(history):  # type: ignore[no-untyped-def]
+        return [{k: s[k] for k in keys if k in s} for s in history.steps]
+
+    orch = build(*overrides)
+    try:
+        reference, final = orch.run(6), orch.trainer_checksums[6]
+    finally:
+        orch.shutdown()
+    first, box = build(*overrides), {}
+
+    def after_step(done: int) -> None:
+        if done == 3:  # checkpoint (it may follow step 4, already queued on the trainer), then "die"
+            first.checkpoint(lambda state: box.update(state=_roundtrip(state)))
+            raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            first.run(6, after_step)
+    finally:
+        first.shutdown()
+    assert box["state"]["steps_done"] in (3, 4)
+    second = build(*overrides)
+    try:
+        second.restore(box["state"])
+        history = second.run(6)
+        assert curves(history) == curves(reference) and history.staleness == reference.staleness
+        assert second.trainer_checksums[6] == final
+    finally:
+        second.shutdown()
+
+
+def _roundtrip(state):  # type: ignore[no-untyped-def]
+    """As a checkpoint file would give it back."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)

@@ -1,0 +1,104 @@
+"""A run's checkpoints on disk: atomic, checksummed, the last few kept.
+
+``<store>/checkpoints/<run_id>/step-000100/`` holds ``state.pt`` (the orchestrator's
+checkpoint, read back with ``torch.load(weights_only=True)``) and ``manifest.json`` (step,
+spec hash, SHA-256 of the state file). A checkpoint is written into a temporary folder
+and renamed into place, so a crash never leaves a half-written one under its final
+name; loading verifies the checksum and falls back to the previous checkpoint, with a
+warning, when the newest is truncated or corrupted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointError", "Checkpoints", "checkpoint_folder"]
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint (none written, or every one corrupted)."""
+
+
+def checkpoint_folder(tracking_uri: str, run_id: str) -> Path:
+    """Beside a local SQLite store (``mlflow/checkpoints/<run_id>``), else under ``./mlflow``."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri.removeprefix("sqlite:///")).parent / "checkpoints" / run_id
+    return Path("mlflow") / "checkpoints" / run_id
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Checkpoints:
+    """The checkpoints of one run, in ``folder``; ``keep`` newest are kept."""
+
+    def __init__(self, folder: str | Path, keep: int = 2) -> None:
+        self.folder = Path(folder)
+        self.keep = keep
+        self.seconds = 0.0  # time spent writing, for the cost figure
+
+    def steps(self) -> list[int]:
+        """Steps with a (complete, renamed-into-place) checkpoint, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        names = (p.name for p in self.folder.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        return sorted(int(name.removeprefix("step-")) for name in names if name.removeprefix("step-").isdigit())
+
+    def save(self, state: dict[str, Any], step: int, spec_hash: str) -> Path:
+        """Write ``state`` as the checkpoint of ``step``, atomically; prune old ones."""
+        begin = time.perf_counter()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"step-{step:06d}"
+        tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(state, tmp / "state.pt")
+        manifest = {"step": step, "spec_hash": spec_hash, "sha256": {"state.pt": _sha256(tmp / "state.pt")},
+                    "created": time.time()}  # fmt: skip
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in self.steps()[: -self.keep]:
+            shutil.rmtree(self.folder / f"step-{old:06d}", ignore_errors=True)
+        self.seconds += time.perf_counter() - begin
+        return final
+
+    def load_latest(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(state, manifest)`` of the newest checkpoint that verifies; an older one,
+        with a warning, when the newest is damaged.
+
+        Raises:
+            CheckpointError: no checkpoint, or none usable.
+        """
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoint in {self.folder}")
+        problems = []
+        for step in reversed(steps):
+            folder = self.folder / f"step-{step:06d}"
+            try:
+                manifest = json.loads((folder / "manifest.json").read_text())
+                if _sha256(folder / "state.pt") != manifest["sha256"]["state.pt"]:
+                    raise ValueError("state.pt does not match its SHA-256")
+                state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+            except Exception as err:  # truncated, corrupted, half-deleted: try the previous one
+                problems.append(f"step {step}: {type(err).__name__}: {err}")
+                warnings.warn(f"checkpoint {folder} is unusable ({err}); trying the previous one", stacklevel=2)
+                continue
+            return state, manifest
+        raise CheckpointError(f"no usable checkpoint in {self.folder}: " + "; ".join(problems))

@@ -1,0 +1,168 @@
+"""Checkpoints and resume through the real CLI, a real MLflow store and real signals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from pipelines.checkpoints import Checkpoints
+from tests.pipelines.conftest import cli, env
+
+SPEC = {
+    "name": "resume",
+    "rollout": {"group_size": 8, "max_new_tokens": 5, "temperature": 0.7},
+    "trainer": {"steps": 40, "batch_size": 64, "lr": 3.0e-4, "checkpoint_every": 4},
+    "orchestrator": {"mode": "lagged", "lag": 1, "eval_every": 10},
+    "runtime": {"torch_threads": 1},
+    "tracking": {"experiment": "resume"},
+}
+
+
+def write_spec(tmp_path: Path, **sections) -> Path:  # type: ignore[no-untyped-def]
+    data = {**SPEC, **sections}
+    path = tmp_path / f"spec-{len(list(tmp_path.glob('spec-*')))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def asyncrlhf(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    return subprocess.run([*cli(), *args], capture_output=True, text=True, env=env(), timeout=timeout)
+
+
+def runs(uri: str) -> list:  # type: ignore[type-arg]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("resume")
+    return [] if experiment is None else client.search_runs([experiment.experiment_id], order_by=["start_time"])
+
+
+def curve(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def policy_sha(uri: str, run_id: str, tmp_path: Path) -> str:
+    folder = MlflowClient(uri).download_artifacts(run_id, "policy", str(tmp_path / run_id))
+    return hashlib.sha256((Path(folder) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def checkpoints(uri: str, run_id: str) -> Checkpoints:
+    return Checkpoints(Path(uri.removeprefix("sqlite:///")).parent / "checkpoints" / run_id)
+
+
+def start_run(spec: Path, uri: str) -> tuple[str, subprocess.Popen]:  # type: ignore[type-arg]
+    """Start ``asyncrlhf run`` in a subprocess; its new MLflow run's id once it exists."""
+    known = {r.info.run_id for r in runs(uri)}
+    process = subprocess.Popen([*cli(), "run", str(spec)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        new = [r.info.run_id for r in runs(uri) if r.info.run_id not in known]
+        if new:
+            return new[0], process
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("no run appeared")
+
+
+def signal_after_checkpoint(run_id: str, process: subprocess.Popen, uri: str, sig: int) -> list[int]:  # type: ignore[type-arg]
+    """Send ``sig`` as soon as the run has written a checkpoint; the steps checkpointed then."""
+    store = checkpoints(uri, run_id)
+    deadline = time.monotonic() + 240
+    while not store.steps() and time.monotonic() < deadline:
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        time.sleep(0.01)
+    process.send_signal(sig)
+    process.wait(timeout=120)
+    return store.steps()
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_repeats_the_uninterrupted_lagged_run(store, tmp_path):
+    spec = write_spec(tmp_path)
+    done = asyncrlhf("run", str(spec))
+    assert done.returncode == 0, done.stderr[-2000:]
+    (reference,) = runs(store)
+    run_id, process = start_run(spec, store)
+    signal_after_checkpoint(run_id, process, store, signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL and MlflowClient(store).get_run(run_id).info.status == "RUNNING"
+    resumed = asyncrlhf("resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "1"
+    (from_step,) = json.loads(run.data.tags["resume.from_steps"])  # the newest checkpoint it reached
+    assert 0 < from_step < 40 and from_step % 4 == 0
+    for key in ("loss/policy", "reward/mean", "eval/accuracy", "staleness/max"):
+        got, want = curve(store, run_id, key), curve(store, reference.info.run_id, key)
+        assert [s for s, _ in got] == sorted({s for s, _ in got})  # no step logged twice
+        assert got == want, key
+    assert policy_sha(store, run_id, tmp_path) == policy_sha(store, reference.info.run_id, tmp_path)
+    assert len(runs(store)) == 2  # the resume created no run
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_marks_the_run_killed_then_a_finished_run_continues(store, tmp_path):
+    spec = write_spec(tmp_path, trainer={**SPEC["trainer"], "checkpoint_every": 100})
+    run_id, process = start_run(spec, store)
+    while not curve(store, run_id, "loss/policy"):  # flushed metrics: it is training
+        assert process.poll() is None
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-2000:]
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["asyncrlhf.status"] == "killed"
+    (step,) = checkpoints(store, run_id).steps()  # written on the signal, not on schedule
+    assert 10 <= step < 40 and "SIGTERM" in stderr
+    assert asyncrlhf("resume", run_id).returncode == 0
+    assert asyncrlhf("resume", run_id, "--set", "trainer.steps=48").returncode == 0
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "2"
+    assert [s for s, _ in curve(store, run_id, "loss/policy")] == list(range(1, 49))
+
+
+def test_bad_resumes_exit_2_with_one_line_and_create_nothing(store, tmp_path):
+    spec = write_spec(tmp_path, trainer={**SPEC["trainer"], "steps": 4})
+    assert asyncrlhf("run", str(spec)).returncode == 0
+    (run,) = runs(store)
+    for change, fragment in [
+        (["--set", "trainer.lr=1e-4"], "only trainer.steps may change, but trainer.lr (0.0003 → 0.0001)"),
+        (["--set", "tracking.experiment=other"], "the run is in experiment 'resume'"),
+        ([], "raise it (--set trainer.steps=8) to continue"),  # FINISHED, steps not raised
+        (["--resume", "0123456789abcdef"], "no run '0123456789abcdef'"),
+    ]:
+        target = [] if "--resume" in change else ["--resume", run.info.run_id]
+        done = asyncrlhf("run", str(spec), *target, *change)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
+    assert [r.info.run_id for r in runs(store)] == [run.info.run_id]  # no run created
+    assert MlflowClient(store).get_run(run.info.run_id).info.status == "FINISHED"  # nor reopened
+
+
+def test_a_damaged_newest_checkpoint_falls_back_and_none_usable_is_a_clear_error(tmp_path):
+    store = Checkpoints(tmp_path, keep=3)
+    for step in (4, 8):
+        store.save({"steps_done": step}, step, "key")
+    (tmp_path / "step-000008" / "state.pt").write_bytes(b"truncated")
+    with pytest.warns(UserWarning, match="step-000008 is unusable"):
+        state, manifest = store.load_latest()
+    assert state == {"steps_done": 4} and manifest["step"] == 4
+    (tmp_path / "step-000004" / "state.pt").unlink()
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="no usable checkpoint"):
+        store.load_latest()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004", "step-000008"]  # nothing overwritten
+
+
+def test_only_the_newest_checkpoints_are_kept_and_a_half_written_one_is_invisible(tmp_path):
+    store = Checkpoints(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        store.save({"steps_done": step}, step, "key")
+    (tmp_path / ".step-000004.tmp-99").mkdir()  # a writer killed mid-checkpoint
+    assert store.steps() == [2, 3] and store.load_latest()[0] == {"steps_done": 3}
