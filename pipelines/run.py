@@ -23,8 +23,8 @@ from asyncrlhf.rewards import CompositeReward, RewardTerm
 from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
-from pipelines.checkpoints import Checkpoints, checkpoint_folder
-from pipelines.spec import ExperimentSpec, spec_from_dict
+from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
+from pipelines.spec import ExperimentSpec, TrackingSpec, spec_from_dict
 from pipelines.specfile import SpecError, flatten, spec_hash
 
 __all__ = [
@@ -219,8 +219,10 @@ def stop_on_signals() -> Iterator[list[str]]:
 
 
 def resume_key(spec: ExperimentSpec) -> str:
-    """What a checkpoint must match to be resumed: the spec but for its number of steps."""
-    return spec_hash(spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"steps": 0})}))
+    """What a checkpoint must match to be resumed: the spec but for its number of steps
+    and where it is tracked."""
+    trainer = spec.trainer.model_copy(update={"steps": 0})
+    return spec_hash(spec.model_copy(update={"trainer": trainer, "tracking": TrackingSpec()}))
 
 
 def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
@@ -260,13 +262,16 @@ def run_experiment(
     track: bool = True,
     resume: str | None = None,
     checkpoint_dir: str | Path | None = None,
+    restore: bool = False,
 ) -> RunResult:
     """Build, run and track one experiment; or continue run ``resume`` from its last
     checkpoint (same spec but for ``trainer.steps``).
 
     Everything is built (and a resume checked) before the MLflow run is created or
     reopened, so bad input leaves no run behind; once the run exists, any failure marks
-    it FAILED with the error. Checkpoints go beside the store (or ``checkpoint_dir``).
+    it FAILED with the error. Checkpoints go beside the store (or ``checkpoint_dir``);
+    ``restore`` continues from the newest one in ``checkpoint_dir`` (an untracked run,
+    e.g. a sweep trial whose MLflow run the sweep driver keeps).
     """
     from pipelines.tracking import Tracker
 
@@ -289,11 +294,18 @@ def run_experiment(
         orchestrator = build_orchestrator(spec, on_metrics=fan_out)
         if spec.runtime.kind == "ray":
             stack.callback(orchestrator.shutdown)
-        if store is not None:
+        if restore and checkpoint_dir is not None:
+            store = Checkpoints(checkpoint_dir, spec.trainer.keep_checkpoints)
+            state, manifest = store.load_latest()
+            if manifest["spec_hash"] != resume_key(spec):
+                raise CheckpointError(f"{store.folder}: the checkpoint is of another experiment")
+            orchestrator.restore(state)
+            run_id: str | None = None
+        elif store is not None:
             state, manifest = store.load_latest()
             orchestrator.restore(state)
             tracker.resume(resume, manifest["step"], state["record"]["steps"])  # type: ignore[union-attr]
-            run_id: str | None = resume
+            run_id = resume
         else:
             run_id = tracker.start(spec) if tracker else None
             folder = checkpoint_dir or (checkpoint_folder(tracker.uri, run_id) if tracker and run_id else None)

@@ -21,15 +21,14 @@ import copy
 import json
 import math
 import statistics
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
 from pipelines.spec import spec_from_dict
-from pipelines.specfile import SpecError, flatten, set_path
+from pipelines.specfile import SpecError, set_path
+from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import SweepReport, trial_rows
 from pipelines.sweeps.spec import SweepSpec
@@ -116,8 +115,8 @@ def run_sweep(
     storage = sweep.storage or studies.default_storage(uri)
     study = studies.make_study(sweep, base, storage)
     for stale in studies.stale_trials(study):  # left RUNNING by a killed driver
-        _interrupt(study, client, stale.number, stale.params, stale.user_attrs.get("mlflow_run_ids", {}).values())
-    parent = _parent_run(client, sweep, study, storage)
+        sweep_runs.interrupt(study, client, stale.number, stale.params, stale.user_attrs.get("mlflow_run_ids", {}))
+    parent = sweep_runs.parent_run(client, sweep, study, storage)
     driver = _Driver(sweep, base, study, client, parent, max_trials, on_trial)
     try:
         driver.run(poll_s)
@@ -127,7 +126,7 @@ def run_sweep(
         raise
     report = SweepReport(sweep, trial_rows(study, sweep))
     complete = len(studies.counted(study)) >= sweep.num_trials
-    _log_summary(client, parent, report, complete)
+    sweep_runs.log_summary(client, parent, report, complete, len(study.user_attrs.get("resumed_runs", [])))
     return SweepResult(parent, sweep.study_name, storage, report, driver.started, uri, complete)
 
 
@@ -141,50 +140,6 @@ def _check_resources(sweep: SweepSpec) -> None:
                 f"trial_resources.num_{resource.lower()}s={need:g} but the Ray cluster has "
                 f"{total.get(resource, 0.0):g} {resource}s: no trial could start"
             )
-
-
-def _interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_ids: Any) -> None:
-    """The one interrupt path: the trial is failed and queued again, its runs KILLED."""
-    studies.interrupt(study, number, params)
-    for run_id in run_ids:
-        end_run(client, run_id, "KILLED", "interrupted")
-
-
-def _parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
-    run_id = study.user_attrs.get("mlflow_parent_run_id")
-    if run_id is not None:
-        try:
-            client.update_run(run_id, status="RUNNING")
-            return run_id
-        except Exception:  # the parent lives in another store: start a new one
-            pass
-    tags = {"sweep.name": sweep.name, "sweep.method": sweep.method, "sweep.objective": sweep.objective,
-            "sweep.storage": storage, "asyncrlhf.status": "running", **sweep.tracking.tags}  # fmt: skip
-    run_id = new_run(client, sweep.tracking.experiment, sweep.name, tags, flatten(sweep))
-    study.set_user_attr("mlflow_parent_run_id", run_id)
-    return run_id
-
-
-def _log_summary(client: Any, parent: str, report: SweepReport, complete: bool) -> None:
-    """The report's files and plots, counts and the best configuration, on the parent."""
-    from mlflow.entities import Metric
-
-    sweep, rows = report.sweep, report.rows
-    with tempfile.TemporaryDirectory(prefix="asyncrlhf-sweep-") as tmp:
-        for path in report.write(Path(tmp)):
-            client.log_artifact(parent, str(path), "summary")
-    now = int(time.time() * 1000)
-    states = [r["state"] for r in rows]
-    metrics = [Metric(f"sweep/{s.lower()}", float(states.count(s)), now, 0) for s in ("COMPLETE", "PRUNED", "FAIL")]
-    tags = {"sweep.status": "complete" if complete else "partial"}
-    best = next((r for r in rows if r["state"] == "COMPLETE"), None)
-    if best is not None:
-        metrics.append(Metric(f"best/{sweep.objective}", float(best["value"]), now, 0))
-        if best["ci95"] is not None:
-            metrics.append(Metric(f"best/{sweep.objective}_ci95", float(best["ci95"]), now, 0))
-        tags.update({"sweep.best_trial": str(best["number"]), "sweep.best_params": json.dumps(best["params"])})
-    client.log_batch(parent, metrics=metrics, synchronous=True)
-    end_run(client, parent, "FINISHED", "finished", tags)
 
 
 class _Driver:
@@ -254,8 +209,8 @@ class _Driver:
             running = [job for job in config.jobs.values() if not job.done]
             for job in running:
                 ray.kill(job.actor)
-            _interrupt(self.study, self.client, config.trial.number, config.params,
-                       [job.tracker.run_id for job in running])  # fmt: skip
+            sweep_runs.interrupt(self.study, self.client, config.trial.number, config.params,
+                       {str(job.seed): job.tracker.run_id for job in running})  # fmt: skip
         self.configs.clear()
 
     # ---------------------------------------------------------------- trials
@@ -301,14 +256,37 @@ class _Driver:
         tracker = Tracker(spec.tracking)
         tags = {"sweep.trial": str(number), "sweep.params": json.dumps(config.params), "sweep.name": self.sweep.name,
                 "sweep.seed": str(spec.seed)}  # fmt: skip
-        tracker.start(spec, parent_run_id=self.parent, tags=tags)
+        restore = self._resume(tracker, config.params, seed, tags)
+        if not restore:
+            tracker.start(spec, parent_run_id=self.parent, tags=tags)
+        assert tracker.run_id is not None
         actor = self.runner.options(
             num_cpus=self.sweep.trial_resources.num_cpus, num_gpus=self.sweep.trial_resources.num_gpus
         ).remote(self.threads)
         job = _Job(config, seed, actor, tracker)
         config.jobs[seed] = job
         config.trial.set_user_attr("mlflow_run_ids", {str(s): j.tracker.run_id for s, j in config.jobs.items()})
-        self.refs[actor.run.remote(spec.model_dump(mode="json"))] = job
+        folder = str(checkpoint_folder(tracker.uri, tracker.run_id))
+        self.refs[actor.run.remote(spec.model_dump(mode="json"), folder, restore)] = job
+
+    def _resume(self, tracker: Tracker, params: dict[str, Any], seed: int, tags: dict[str, str]) -> bool:
+        """Reopen the run an interrupt cut off for these parameters and seed, if it left a
+        usable checkpoint; True when the trial continues it rather than starting anew."""
+        from mlflow.entities import RunTag
+
+        resumable = dict(self.study.user_attrs.get("resumable", {}))
+        run_id = resumable.pop(sweep_runs.seed_key(params, seed), None)
+        if run_id is None:
+            return False
+        self.study.set_user_attr("resumable", resumable)
+        try:
+            state, manifest = Checkpoints(checkpoint_folder(tracker.uri, run_id)).load_latest()
+        except CheckpointError:
+            return False  # nothing was checkpointed: the trial starts over in a new run
+        tracker.resume(run_id, manifest["step"], state["record"]["steps"])
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
+        self.study.set_user_attr("resumed_runs", [*self.study.user_attrs.get("resumed_runs", []), run_id])
+        return True
 
     def _drain(self, job: _Job) -> None:
         """Stream a job's new metrics to its child run; report seed means to Optuna."""

@@ -35,12 +35,16 @@ class TrialRunner:
             if self._stop:
                 raise TrialStopped(f"stopped by the sweep at step {step}")
 
-    def run(self, spec_data: dict[str, Any]) -> dict[str, Any]:
+    def run(self, spec_data: dict[str, Any], checkpoint_dir: str, restore: bool) -> dict[str, Any]:
+        """Run the experiment, checkpointing into ``checkpoint_dir`` (continuing from its
+        newest checkpoint with ``restore``)."""
         from pipelines.run import run_experiment
 
         spec = spec_from_dict(spec_data, source="trial")
         try:
-            result = run_experiment(spec, on_metrics=self._on_metrics, track=False)
+            result = run_experiment(
+                spec, on_metrics=self._on_metrics, track=False, checkpoint_dir=checkpoint_dir, restore=restore
+            )
         except TrialStopped:
             return {"state": "pruned"}
         return {"state": "complete", "history": result.history, "final": result.final_metrics}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import optuna
@@ -218,3 +220,28 @@ def test_a_seeded_sweep_summarises_each_configuration_over_its_seeds(store, tmp_
     assert "mean ± 95% CI" in table and "(n=2)" in table and "seeds [0, 1]" in table
     rows = json.loads(artifact("trials.json"))
     assert [r["n"] for r in rows] == [2, 2] and all(r["ci95"] is not None for r in rows)
+
+
+@pytest.mark.slow
+def test_an_interrupted_trial_continues_from_its_checkpoint_when_the_sweep_runs_again(store, tmp_path):
+    path = write_sweep(tmp_path, name="cut", method="grid", parallel=1, space={"trainer.lr": [3e-4]},
+                       overrides=[*SHORT, "trainer.steps=150", "trainer.checkpoint_every=10"])  # fmt: skip
+    process = subprocess.Popen([*cli(), "sweep", str(path)], env=env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    checkpoints = Path(store.removeprefix("sqlite:///")).parent / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not list(checkpoints.glob("*/step-*")) and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    _, (cut,) = sweep_runs(store)
+    assert cut.info.status == "KILLED"
+    done = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parent, (child,) = sweep_runs(store)  # the same child run, continued: no second one
+    assert child.info.run_id == cut.info.run_id and child.info.status == "FINISHED"
+    assert child.data.tags["resume.count"] == "1" and parent.data.metrics["sweep/resumed_runs"] == 1
+    steps = [m.step for m in MlflowClient(store).get_metric_history(child.info.run_id, "loss/policy")]
+    assert sorted(steps) == list(range(1, 151))  # every step once, across the interruption
