@@ -44,7 +44,9 @@ SPREAD = {
 }
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "m2po"])
+# GRPO on the same workload is tests/pipelines/test_quickstart.py (the quick start itself,
+# same 600 steps, threshold from the same matrix): not run twice.
+@pytest.mark.parametrize("algorithm", ["m2po"])
 def test_rl_lifts_held_out_accuracy_from_the_shipped_start(algorithm):
     overrides, threshold = SETTINGS[algorithm]
     spec = load_spec(REPO / "experiments" / "quickstart.yaml", [*LAGGED, *overrides])

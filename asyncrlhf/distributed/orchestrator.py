@@ -37,24 +37,13 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
+from asyncrlhf.distributed.resources import ActorResources, check_capacity
 from asyncrlhf.orchestration.history import RunHistory
 from asyncrlhf.orchestration.schedule import MetricsCallback, Schedule, StepRecorder
 from asyncrlhf.orchestration.weights import WeightStore
 from asyncrlhf.tasks.base import Problem
 
-__all__ = ["ActorResources", "RayOrchestrator", "WeightRecord"]
-
-
-@dataclass(frozen=True)
-class ActorResources:
-    """What one actor reserves on the cluster; ``torch_threads`` defaults to its CPUs."""
-
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    torch_threads: int | None = None
-
-    def threads(self) -> int:
-        return self.torch_threads or max(1, int(self.num_cpus))
+__all__ = ["RayOrchestrator", "WeightRecord"]
 
 
 @dataclass(frozen=True)
@@ -152,7 +141,7 @@ class RayOrchestrator:
         self.schedule = schedule
         self.num_workers = check_positive_int("workers", workers)
         self.max_restarts = check_nonnegative_int("max_restarts", max_restarts)
-        _check_capacity(workers, rollout_resources, trainer_resources)
+        check_capacity(workers, rollout_resources, trainer_resources)
         self.problems = problems
         self.on_metrics = on_metrics
         self.timeout_s = timeout_s
@@ -397,18 +386,3 @@ def _split(total: int, parts: int) -> list[int]:
     """``total`` prompts as ``min(parts, total)`` chunk sizes differing by at most one."""
     parts = min(parts, total)
     return [total // parts + (i < total % parts) for i in range(parts)]
-
-
-def _check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources) -> None:
-    """Fail now, not hang later, when the cluster cannot place every actor."""
-    total = ray.cluster_resources()
-    for resource, per_rollout, per_trainer in [
-        ("CPU", rollout.num_cpus, trainer.num_cpus),
-        ("GPU", rollout.num_gpus, trainer.num_gpus),
-    ]:
-        need, have = workers * per_rollout + per_trainer, total.get(resource, 0.0)
-        if need > have + 1e-9:
-            raise ValueError(
-                f"the run needs {need:g} {resource}s ({workers} rollout workers × {per_rollout:g} + trainer "
-                f"{per_trainer:g}) but the Ray cluster has {have:g}"
-            )

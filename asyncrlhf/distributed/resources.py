@@ -1,0 +1,36 @@
+"""What a Ray run reserves: per-actor resources, checked against the cluster up front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+__all__ = ["ActorResources", "check_capacity"]
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    """What one actor reserves on the cluster; ``torch_threads`` defaults to its CPUs."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    torch_threads: int | None = None
+
+    def threads(self) -> int:
+        return self.torch_threads or max(1, int(self.num_cpus))
+
+
+def check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources) -> None:
+    """Fail now, not hang later, when the cluster cannot place every actor."""
+    total = ray.cluster_resources()
+    for resource, per_rollout, per_trainer in [
+        ("CPU", rollout.num_cpus, trainer.num_cpus),
+        ("GPU", rollout.num_gpus, trainer.num_gpus),
+    ]:
+        need, have = workers * per_rollout + per_trainer, total.get(resource, 0.0)
+        if need > have + 1e-9:
+            raise ValueError(
+                f"the run needs {need:g} {resource}s ({workers} rollout workers × {per_rollout:g} + trainer "
+                f"{per_trainer:g}) but the Ray cluster has {have:g}"
+            )
