@@ -313,14 +313,19 @@ def format_validation_error(err: ValidationError, data: Any = None) -> str:
         loc = ".".join(str(part) for part in parts)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key{where} (value {item['input']!r})")
+            lines.append(f"{loc}: unknown key{where} (value {_short(item['input'])})")
         elif loc and not isinstance(item["input"], dict):
-            lines.append(f"{loc}: {message} (got {item['input']!r})")
+            lines.append(f"{loc}: {message} (got {_short(item['input'])})")
         elif loc:
             lines.append(f"{loc}: {message}")
         else:
             lines.append(message)
     return "; ".join(lines)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentSpec:

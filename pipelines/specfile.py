@@ -22,9 +22,10 @@ class SpecError(ValueError):
 
 
 class _Section(BaseModel):
-    """A spec section: unknown keys fail, assignments are validated."""
+    """A spec section: unknown keys fail, assignments are validated, and no float may be
+    infinite or NaN (an infinite learning rate or temperature trains nothing)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
@@ -57,13 +58,54 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
     return data
 
 
+MAX_NODES = 100_000  # a spec expands to a few hundred; a "billion laughs" file to billions
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML that refuses duplicate keys and documents whose aliases expand past
+    ``MAX_NODES`` nodes (measured on the composed graph, before anything is built)."""
+
+    def construct_document(self, node: Any) -> Any:
+        sizes: dict[int, int] = {}
+
+        def expanded(n: Any) -> int:  # nodes once every alias is expanded, memoised per node
+            if id(n) not in sizes:
+                children = n.value if isinstance(n.value, list) else []
+                flat = [c for item in children for c in (item if isinstance(item, tuple) else (item,))]
+                sizes[id(n)] = min(MAX_NODES + 1, 1 + sum(expanded(c) for c in flat))
+            return sizes[id(n)]
+
+        if expanded(node) > MAX_NODES:
+            raise yaml.YAMLError(f"its aliases expand to more than {MAX_NODES} nodes: refused (an alias bomb?)")
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.YAMLError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML spec file; a SpecError naming the file for a missing,
+    unreadable, empty, malformed file, duplicate keys, an alias bomb, or a non-mapping."""
+    if path.is_dir():
+        raise SpecError(f"spec file {str(path)!r} is a directory")
     if not path.is_file():
         raise SpecError(f"spec file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as err:
-        raise SpecError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from err
+        raise SpecError(f"{path}: malformed YAML: {' '.join(str(err).split())[:500]}") from None
+    if data is None:
+        raise SpecError(f"{path}: the spec file is empty (no sections)")
     if not isinstance(data, dict):
         raise SpecError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data

@@ -49,6 +49,11 @@ def test_the_quickstart_is_async_and_learns_on_the_tiny_model():
     assert (spec.orchestrator.mode, spec.model.kind, spec.rollout.engine) == ("async", "tiny", "hf")
 
 
+# "Billion laughs": 9 levels of 9 aliases each, 9^9 strings once expanded.
+ALIAS_BOMB = 'a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
 BAD = [
     ("bogus: 1\n", ["bogus", "unknown key", "1"]),
     ("trainer:\n  lr: fast\n", ["trainer.lr", "'fast'"]),
@@ -68,6 +73,16 @@ BAD = [
         ["runtime.trainer.num_cpus=1.5", "2.5", "runtime.num_cpus=2"],
     ),
     ("runtime:\n  kind: cluster\n", ["runtime.kind", "'cluster'"]),
+    # untrainable or malicious input
+    ("trainer:\n  lr: .inf\n", ["trainer.lr", "finite", "inf"]),
+    ("rollout:\n  temperature: .inf\n", ["rollout.temperature", "finite"]),
+    ("algorithm:\n  kl_coef: .inf\n", ["algorithm.kl_coef", "finite"]),
+    ("rewards:\n  - kind: exact_match\n    weight: .nan\n", ["rewards.0.weight", "finite"]),
+    ("", ["the spec file is empty"]),
+    ("# only a comment\n", ["the spec file is empty"]),
+    ("trainer:\n  lr: 1.0e-4\ntrainer:\n  lr: 1.0\n", ["duplicate key 'trainer' (line 3)"]),
+    ("trainer:\n  lr: 1.0e-4\n  lr: 1.0\n", ["duplicate key 'lr' (line 3)"]),
+    (ALIAS_BOMB, ["more than 100000 nodes", "alias bomb"]),
 ]
 
 
@@ -94,6 +109,15 @@ def test_overrides_are_typed_by_the_schema(tmp_path):
         load_spec(path, ["trainer.steps=many"])
     with pytest.raises(SpecError, match=r"key\.path=value"):
         load_spec(path, ["trainer.steps"])
+
+
+def test_a_directory_or_a_binary_file_is_not_a_spec(tmp_path):
+    with pytest.raises(SpecError, match="is a directory"):
+        load_spec(tmp_path)
+    binary = tmp_path / "spec.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(SpecError, match="not UTF-8 text"):
+        load_spec(binary)
 
 
 def test_missing_file():
