@@ -278,6 +278,9 @@ def sweep(
     console.print(table)
     done = "complete" if result.complete else f"partial ({len(result.rows)}/{spec.num_trials}): run it again to resume"
     console.print(f"{done}. MLflow parent run {result.parent_run_id} in {result.tracking_uri}; study {result.storage}")
+    if result.complete and not any(row["state"] == "COMPLETE" for row in result.rows):
+        errors.print("[bold red]error:[/] no trial completed: the sweep's parent run is marked FAILED")
+        raise typer.Exit(1)
     console.print("Compare trials: [bold]asyncrlhf ui[/] (open the parent run, or filter on tags.sweep.name)")
 
 

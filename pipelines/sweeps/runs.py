@@ -68,4 +68,8 @@ def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, r
             metrics.append(Metric(f"best/{sweep.objective}_ci95", float(best["ci95"]), now, 0))
         tags.update({"sweep.best_trial": str(best["number"]), "sweep.best_params": json.dumps(best["params"])})
     client.log_batch(parent, metrics=metrics, synchronous=True)
-    end_run(client, parent, "FINISHED", "finished", tags)
+    if complete and best is None:  # every trial failed or was pruned: the sweep found nothing
+        tags["sweep.status"] = "failed"
+        end_run(client, parent, "FAILED", "failed", tags)
+    else:
+        end_run(client, parent, "FINISHED", "finished", tags)

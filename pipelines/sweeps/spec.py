@@ -202,9 +202,26 @@ def sweep_base(sweep: SweepSpec, folder: Path = Path(".")) -> dict[str, Any]:
     if spec.runtime.kind != "local":
         raise SpecError(f"{source}: runtime.kind={spec.runtime.kind!r}: each sweep trial runs as one Ray task, locally")
     for key, values in sweep.space.items():
+        if isinstance(values, RangeSpec) and values.type == "float" and _integer_field(base, key, values):
+            values.type = "int"  # a float range over an integer field samples integers
         probe = values[0] if isinstance(values, list) else values.probe()
         try:
             spec_from_dict(set_path(copy.deepcopy(base), key, probe), source=source)
         except SpecError as err:
             raise SpecError(f"space.{key}={probe!r}: {err}") from None
     return base
+
+
+def _integer_field(base: dict[str, Any], key: str, values: RangeSpec) -> bool:
+    """Whether ``key`` takes integers: it accepts a whole number from the range and
+    refuses one with a fraction."""
+
+    def accepts(value: float) -> bool:
+        try:
+            spec_from_dict(set_path(copy.deepcopy(base), key, value))
+        except SpecError:
+            return False
+        return True
+
+    whole = float(int(values.low)) if int(values.low) >= values.low else float(int(values.low) + 1)
+    return whole <= values.high and accepts(int(whole)) and not accepts(whole + 0.5)

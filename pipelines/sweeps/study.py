@@ -43,10 +43,14 @@ def make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # A resumed study's sampler continues the seed sequence: reseeded with sweep.seed alone
+    # it would draw trial 0's parameters again while still in its random start-up phase.
+    known = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
+    seed = sweep.seed + known.get(sweep.study_name, 0)
     if sweep.method == "grid":
-        sampler: Any = optuna.samplers.RandomSampler(seed=sweep.seed)  # every grid trial is enqueued
+        sampler: Any = optuna.samplers.RandomSampler(seed=seed)  # every grid trial is enqueued
     else:
-        sampler = optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=min(10, max(2, sweep.num_trials // 3)))
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.num_trials // 3)))
     if sweep.prunes:
         pruner: Any = optuna.pruners.MedianPruner(sweep.pruner.n_startup_trials, sweep.pruner.n_warmup_steps)
     else:

@@ -245,3 +245,41 @@ def test_an_interrupted_trial_continues_from_its_checkpoint_when_the_sweep_runs_
     assert child.data.tags["resume.count"] == "1" and parent.data.metrics["sweep/resumed_runs"] == 1
     steps = [m.step for m in MlflowClient(store).get_metric_history(child.info.run_id, "loss/policy")]
     assert sorted(steps) == list(range(1, 151))  # every step once, across the interruption
+
+
+def test_a_float_range_over_an_integer_field_samples_integers(tmp_path):
+    space = {"trainer.steps": {"low": 10, "high": 20}}
+    sweep, _ = load_sweep(write_sweep(tmp_path, method="optuna", trials=2, space=space))
+    assert sweep.space["trainer.steps"].type == "int"
+
+
+def test_a_resumed_study_does_not_draw_trial_0_again(store, tmp_path):
+    from pipelines.sweeps.study import make_study, suggest
+
+    sweep, base = load_sweep(write_sweep(tmp_path, name="reseed", method="optuna", trials=10, space=OPTUNA_SPACE))
+    Path(store.removeprefix("sqlite:///")).parent.mkdir(parents=True)
+    storage = default_storage(store)
+
+    def draw(study):  # type: ignore[no-untyped-def]
+        trial = study.ask()
+        params = {key: suggest(trial, key, values) for key, values in sweep.space.items()}
+        study.tell(trial, 0.5)
+        return params
+
+    first = make_study(sweep, base, storage)
+    drawn = [draw(first), draw(first)]
+    resumed = make_study(sweep, base, storage)  # a new process: the sampler is built again
+    assert draw(resumed) not in drawn
+
+
+def test_a_sweep_where_no_trial_completes_fails(store, tmp_path):
+    broken = tmp_path / "broken_model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # passes validation, fails to load in every trial
+    path = write_sweep(tmp_path, name="hopeless", method="grid", overrides=[*SHORT, f"model.path={broken}"],
+                       space={"model.kind": ["pretrained"]})  # fmt: skip
+    done = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=600)
+    assert done.returncode == 1 and "no trial completed" in done.stderr, done.stderr[-2000:]
+    parent, children = sweep_runs(store)
+    assert parent.info.status == "FAILED" and parent.data.tags["sweep.status"] == "failed"
+    assert [c.info.status for c in children] == ["FAILED"]
