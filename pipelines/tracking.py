@@ -160,6 +160,7 @@ class Tracker:
         self._pending: list[Any] = []
         self._steps_since_flush = 0
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
+        self._initial_logged = False  # a resumed run: the step-0 evaluation is in the store already
 
     # ------------------------------------------------------------- lifecycle
     def start(self, spec: ExperimentSpec, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> str:
@@ -246,7 +247,7 @@ class Tracker:
         begin = time.perf_counter()
         self.flush()
         now = int(time.time() * 1000)
-        initial = {} if getattr(self, "_initial_logged", False) else history.initial_metrics
+        initial = {} if self._initial_logged else history.initial_metrics
         final = [Metric(k, float(v), now, 0) for k, v in initial.items() if math.isfinite(v)]
         # Whole-run figures; those the per-step stream already carries (cumulative
         # throughput) are not logged twice at the last step.

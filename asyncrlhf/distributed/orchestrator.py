@@ -194,7 +194,7 @@ class RayOrchestrator:
         done = recorder.steps_done
         run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))
         run.enqueued = run.next_submit = run.next_train = done
-        self._run, self._after_step = run, after_step
+        self._run = run
         while run.next_train < num_steps:
             self._dispatch(run)
             self._submit(run)

@@ -100,7 +100,7 @@ class Orchestrator:
         self._next_batch = 0  # the next batch the rollout side generates
         self._drawn = 0  # problems taken from the stream
         self._restored = False
-        self._force_load = False  # load (and verify) even the version the engine claims
+        self._force_load = True  # the first load is verified even if the engine claims the version
 
     # ------------------------------------------------------------------ run
     def run(self, num_steps: int, after_step: Callable[[int], None] | None = None) -> RunHistory:
@@ -111,9 +111,6 @@ class Orchestrator:
         if not self._restored:
             self.recorder = StepRecorder(self.schedule.mode, self.on_metrics)
             self.trainer_side.publish()
-            self._await(0, force=True)
-            self._load(0, force=True)  # the initial weights are verified too
-        # (restored: the next batch's weights may not be published yet; its load is forced)
         if self.schedule.eval_every and not self._restored:
             self.recorder.history.initial_metrics["eval/accuracy"] = self.trainer_side.evaluate()
         self.recorder.begin(keep_elapsed=self._restored)
@@ -159,7 +156,7 @@ class Orchestrator:
             next(self.problems)
         self._drawn = int(state["rollout"]["problems_drawn"])
         self.recorder.load_state_dict(state["record"])
-        self._restored = self._force_load = True
+        self._restored = True
 
     def _run_concurrently(self, first: int, num_steps: int, after_step: Callable[[int], None] | None) -> None:
         stop = threading.Event()
@@ -191,25 +188,27 @@ class Orchestrator:
             raise RuntimeError(f"rollout worker failed: {failure[0]!r}") from failure[0]
 
     # ------------------------------------------------------------- rollout
-    def _await(self, batch: int, force: bool = False) -> None:
-        """Wait until the weights batch ``batch`` may use are published (unless held)."""
-        needed, exact = self.schedule.required_version(batch), self.schedule.exact
-        if not force and not self._force_load and exact and self.engine.version == needed:
-            return
-        start = time.time()
-        self.weights.wait(needed, exact, self.timeout_s)
-        self._event(self.worker.name, "wait", start, time.time())
+    def _holds(self, batch: int) -> bool:
+        """Whether the engine already holds exactly the weights batch ``batch`` needs."""
+        needed = self.schedule.required_version(batch)
+        return not self._force_load and self.schedule.exact and self.engine.version == needed
 
-    def _load(self, batch: int, force: bool = False) -> None:
+    def _await(self, batch: int) -> None:
+        """Wait until the weights batch ``batch`` may use are published (unless held)."""
+        if not self._holds(batch):
+            start = time.time()
+            self.weights.wait(self.schedule.required_version(batch), self.schedule.exact, self.timeout_s)
+            self._event(self.worker.name, "wait", start, time.time())
+
+    def _load(self, batch: int) -> None:
         """Load the (published) weights batch ``batch`` may use, verified, unless held."""
-        force, self._force_load = force or self._force_load, False
-        needed, exact = self.schedule.required_version(batch), self.schedule.exact
-        if not force and exact and self.engine.version == needed:
+        if self._holds(batch):
             return
-        snapshot = self.weights.find(needed, exact)
-        assert snapshot is not None, f"version {needed} is not published"
-        if force or snapshot.version != self.engine.version:
+        snapshot = self.weights.find(self.schedule.required_version(batch), self.schedule.exact)
+        assert snapshot is not None, f"weights for batch {batch} are not published"
+        if self._force_load or snapshot.version != self.engine.version:
             self.worker.load_snapshot(snapshot)
+        self._force_load = False
 
     def _rollout(self, batch: int) -> None:
         """Generate batch ``batch`` with the weights it may use and push it to the buffer."""
