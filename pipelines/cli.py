@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,12 +75,10 @@ def resume(
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
 ) -> None:
     """Continue a stopped (or, with a raised trainer.steps, a finished) run from its last checkpoint."""
-    from mlflow import MlflowClient
-
-    from pipelines.tracking import read_run, resolve_tracking_uri
+    from pipelines.tracking import open_store, read_run
 
     try:
-        _, data, _ = read_run(MlflowClient(resolve_tracking_uri(uri)), run_id)
+        _, data, _ = read_run(open_store(uri), run_id)
         if uri is not None:
             data.setdefault("tracking", {})["uri"] = uri
         experiment = spec_from_dict(apply_overrides(data, set_ or []), source=f"run {run_id}")
@@ -99,15 +95,13 @@ def export(
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
 ) -> None:
     """Copy a run's trained policy out of the store: load it with `model.kind: pretrained`, `model.path: OUT`."""
-    from mlflow import MlflowClient
-
-    from pipelines.tracking import resolve_tracking_uri
+    from pipelines.tracking import open_store
 
     if out.exists():
         errors.print(f"[bold red]error:[/] --out {out} exists: give a new directory")
         raise typer.Exit(2)
     try:
-        path = MlflowClient(resolve_tracking_uri(uri)).download_artifacts(run_id, "policy", str(out.parent))
+        path = open_store(uri).download_artifacts(run_id, "policy", str(out.parent))
     except Exception as err:
         errors.print(f"[bold red]error:[/] run {run_id!r} has no policy to export ({type(err).__name__})")
         raise typer.Exit(2) from None
@@ -117,30 +111,27 @@ def export(
 
 def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None:
     from pipelines.checkpoints import CheckpointError
-    from pipelines.run import RunInterrupted, check_resume, run_experiment
+    from pipelines.fit import check_fits
+    from pipelines.processes import sigterm_interrupts
+    from pipelines.run import InterruptedBeforeRun, RunInterrupted, check_resume, run_experiment
 
-    if resume_id is not None:
-        try:
-            check_resume(experiment, resume_id)  # before anything is shown or built
-        except SpecError as err:
-            errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+    try:  # before anything is shown or built
+        check_fits(experiment)
+        if resume_id is not None:
+            check_resume(experiment, resume_id)
+    except SpecError as err:
+        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
     steps = experiment.trainer.steps
     latest: dict[str, float] = {}
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+    progress = _progress()
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         latest.update(metrics)
+        if step == 0:  # the evaluation before any update
+            progress.update(task, status=f"start accuracy {metrics['eval/accuracy']:.3f}", description=label)
+            return
         accuracy = latest.get("eval/accuracy", math.nan)
         status = (
             f"reward {latest['reward/mean']:.3f}  acc {accuracy:.3f}  staleness {latest['staleness/mean']:.2f}  "
@@ -153,21 +144,38 @@ def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None
     with progress:
         task = progress.add_task(f"{label} (building the model)", total=steps, status="")
         try:
-            result = run_experiment(experiment, on_metrics=on_metrics, resume=resume_id)
+            with sigterm_interrupts():  # SIGTERM as Ctrl-C; while training, a stop at the step's end
+                result = run_experiment(experiment, on_metrics=on_metrics, resume=resume_id)
         except (SpecError, CheckpointError) as err:  # refused before any run was created or reopened
             errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except InterruptedBeforeRun as err:
+            errors.print(f"[yellow]interrupted[/]: {err}")
+            raise typer.Exit(143 if str(err).startswith("SIGTERM") else 130) from None
         except RunInterrupted as err:
             errors.print(f"[yellow]{err}[/]: checkpointed, the MLflow run is marked KILLED; "
                          "`asyncrlhf resume RUN_ID` continues it")  # fmt: skip
             raise typer.Exit(143 if str(err).startswith("SIGTERM") else 130) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             errors.print("[yellow]interrupted[/]: the MLflow run is marked KILLED")
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if err.args == ("SIGTERM",) else 130) from None
         except Exception as err:  # the run is already marked FAILED
             errors.print(f"[bold red]run failed:[/] {type(err).__name__}: {err}", highlight=False)
             raise typer.Exit(1) from None
     _summary(result)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def _summary(result) -> None:  # type: ignore[no-untyped-def]
@@ -238,7 +246,7 @@ def sweep(
     ] = None,
 ) -> None:
     """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
-    from asyncrlhf.distributed import ray_runtime
+    from pipelines.processes import sigterm_interrupts
     from pipelines.sweeps import format_value, load_sweep, run_sweep
 
     try:
@@ -261,14 +269,14 @@ def sweep(
         console.print(f"  trial {row['number']:>3} {row['state']:<8} {value:>8}  {params}", highlight=False)
 
     try:
-        with ray_runtime(spec.runtime.address, spec.runtime.num_cpus):
+        with sigterm_interrupts():  # the driver lock is taken before Ray starts: a second copy refuses at once
             result = run_sweep(spec, base, max_trials=max_trials, on_trial=on_trial)
     except SpecError as err:
         errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         errors.print("[yellow]interrupted[/]: run the same command again to resume")
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if err.args == ("SIGTERM",) else 130) from None
     head, cells = result.report.display()
     table = Table(title=f"{spec.name}: trials by {result.report.objective_label}")
     for column in head:
@@ -372,17 +380,16 @@ def ui(
     host: Annotated[str, typer.Option(help="Interface to bind (local only by default).")] = "127.0.0.1",
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
 ) -> None:
-    """Serve the MLflow UI for the local store."""
-    from pipelines.tracking import resolve_tracking_uri
+    """Serve the MLflow UI for the local store (runs whose process died are marked KILLED first)."""
+    from pipelines.processes import serve
+    from pipelines.tracking import open_store, resolve_tracking_uri
 
     store = resolve_tracking_uri(uri)
+    open_store(store)  # initialised and reconciled before the server reads it
     mlflow_bin = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow_bin, "ui", "--backend-store-uri", store, "--host", host, "--port", str(port)]
     console.print(f"MLflow UI for {store} on http://{host}:{port} (Ctrl-C to stop)")
-    try:
-        raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    raise typer.Exit(serve(command))
 
 
 def main() -> None:

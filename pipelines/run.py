@@ -24,10 +24,12 @@ from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
 from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
+from pipelines.fit import check_fits
 from pipelines.spec import ExperimentSpec, TrackingSpec, spec_from_dict
 from pipelines.specfile import SpecError, flatten, spec_hash
 
 __all__ = [
+    "InterruptedBeforeRun",
     "RunInterrupted",
     "RunResult",
     "build_orchestrator",
@@ -195,6 +197,10 @@ class RunInterrupted(KeyboardInterrupt):
     """SIGTERM, or a first Ctrl-C: the run stopped at a step boundary, checkpointed."""
 
 
+class InterruptedBeforeRun(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C while building, before any MLflow run existed."""
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[list[str]]:
     """While inside, SIGTERM and a first SIGINT ask the run to stop after the current
@@ -228,13 +234,11 @@ def resume_key(spec: ExperimentSpec) -> str:
 def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
     """The checkpoints of ``run_id`` if ``spec`` may continue it; else a SpecError naming
     why (unknown run, another experiment, a changed spec, nothing left to run)."""
-    from mlflow import MlflowClient
-
-    from pipelines.tracking import read_run, resolve_tracking_uri
+    from pipelines.tracking import open_store, read_run, resolve_tracking_uri
 
     uri = resolve_tracking_uri(spec.tracking.uri)
     try:
-        run, old, experiment = read_run(MlflowClient(uri), run_id)
+        run, old, experiment = read_run(open_store(uri), run_id)
     except LookupError as err:
         raise SpecError(f"--resume: {err}") from None
     if experiment != spec.tracking.experiment:
@@ -277,6 +281,7 @@ def run_experiment(
 
     if resume is not None and not track:
         raise ValueError("resume needs tracking (the run to continue is an MLflow run)")
+    check_fits(spec)  # sizes that cannot fit are refused before anything starts
     store = check_resume(spec, resume) if resume is not None else None
     tracker = Tracker(spec.tracking) if track else None
     callbacks = [cb for cb in (tracker.on_metrics if tracker else None, on_metrics) if cb is not None]
@@ -285,36 +290,61 @@ def run_experiment(
         for callback in callbacks:
             callback(step, metrics)
 
-    with contextlib.ExitStack() as stack:
-        if spec.runtime.kind == "ray":
-            from asyncrlhf.distributed import ray_runtime
+    try:
+        with contextlib.ExitStack() as stack:
+            if spec.runtime.kind == "ray":
+                from asyncrlhf.distributed import ray_runtime
 
-            runtime = spec.runtime
-            stack.enter_context(ray_runtime(runtime.address, runtime.num_cpus, runtime.num_gpus))
-        orchestrator = build_orchestrator(spec, on_metrics=fan_out)
-        if spec.runtime.kind == "ray":
-            stack.callback(orchestrator.shutdown)
-        if restore and checkpoint_dir is not None:
-            store = Checkpoints(checkpoint_dir, spec.trainer.keep_checkpoints)
-            state, manifest = store.load_latest()
-            if manifest["spec_hash"] != resume_key(spec):
-                raise CheckpointError(f"{store.folder}: the checkpoint is of another experiment")
-            orchestrator.restore(state)
-            run_id: str | None = None
-        elif store is not None:
-            state, manifest = store.load_latest()
-            orchestrator.restore(state)
-            tracker.resume(resume, manifest["step"], state["record"]["steps"])  # type: ignore[union-attr]
-            run_id = resume
-        else:
-            run_id = tracker.start(spec) if tracker else None
-            folder = checkpoint_dir or (checkpoint_folder(tracker.uri, run_id) if tracker and run_id else None)
-            if folder is not None and spec.trainer.checkpoint_every:
-                store = Checkpoints(folder, spec.trainer.keep_checkpoints)
-        history, extra = _train(spec, orchestrator, store, tracker)
+                runtime = spec.runtime
+                stack.enter_context(ray_runtime(runtime.address, runtime.num_cpus, runtime.num_gpus))
+            try:
+                orchestrator = build_orchestrator(spec, on_metrics=fan_out)
+            except (ValueError, OSError) as err:  # the spec's data or model cannot be used: no run exists yet
+                raise SpecError(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err)) from err
+            if spec.runtime.kind == "ray":
+                stack.callback(orchestrator.shutdown)
+            run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore)
+            history, extra = _train(spec, orchestrator, store, tracker)
+    except KeyboardInterrupt as err:
+        if tracker is not None and tracker.run_id is None:
+            raise InterruptedBeforeRun(
+                f"{err.args[0] if err.args else 'SIGINT'} before the MLflow run was created: nothing was logged"
+            ) from None
+        raise
     final = history.final()
     final.update(extra)
     return RunResult(run_id, final, history, tracker.uri if tracker else None)
+
+
+def _open_run(
+    spec: ExperimentSpec,
+    orchestrator: Any,
+    tracker: Any,
+    store: Checkpoints | None,
+    resume: str | None,
+    checkpoint_dir: str | Path | None,
+    restore: bool,
+) -> tuple[str | None, Checkpoints | None]:
+    """Restore an untracked run from ``checkpoint_dir``, reopen run ``resume`` from its
+    checkpoints, or create a new run; its id and checkpoint store."""
+    if restore and checkpoint_dir is not None:
+        store = Checkpoints(checkpoint_dir, spec.trainer.keep_checkpoints)
+        state, manifest = store.load_latest()
+        if manifest["spec_hash"] != resume_key(spec):
+            raise CheckpointError(f"{store.folder}: the checkpoint is of another experiment")
+        orchestrator.restore(state)
+        return None, store
+    if store is not None:
+        state, manifest = store.load_latest()
+        orchestrator.restore(state)
+        tracker.resume(resume, manifest["step"], state["record"]["steps"])
+        return resume, store
+    run_id = tracker.start(spec) if tracker else None
+    with tracker.failing() if tracker else contextlib.nullcontext():
+        folder = checkpoint_dir or (checkpoint_folder(tracker.uri, run_id) if tracker and run_id else None)
+        if folder is not None and spec.trainer.checkpoint_every:
+            store = Checkpoints(folder, spec.trainer.keep_checkpoints)
+    return run_id, store
 
 
 def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, tracker: Any) -> tuple[Any, dict]:
@@ -328,7 +358,7 @@ def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, t
 
         orchestrator.checkpoint(write)
 
-    try:
+    with tracker.failing() if tracker else contextlib.nullcontext():
         with stop_on_signals() as requested:
 
             def after_step(step: int) -> None:
@@ -351,10 +381,6 @@ def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, t
             _log_policy(spec, orchestrator, tracker)
             tracker.finish(history, extra)
             extra["time/tracking_finish_s"] = tracker.finish_seconds
-    except BaseException as error:
-        if tracker:
-            tracker.fail(error)
-        raise
     return history, extra
 
 

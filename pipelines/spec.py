@@ -12,11 +12,12 @@ and its options. Sweeps have their own schema (:mod:`pipelines.sweeps.spec`).
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipelines.algorithms import ALGORITHM_NAMES, AlgorithmSpec, GRPOSpec
 from pipelines.specfile import SpecError, _Section, apply_overrides, read_yaml
@@ -87,6 +88,15 @@ class TaskSpec(_Section):
     path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines.")
     eval_path: str | None = Field(None, description="JSONL: separate evaluation file (else a held-out share).")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL: share held out when no eval_path.")
+
+    @field_validator("eval_size")
+    @classmethod
+    def _eval_fits(cls, eval_size: int, info: ValidationInfo) -> int:
+        pairs = 10 ** (2 * info.data.get("digits", 1))
+        if eval_size > pairs // 4:
+            raise ValueError(f"{info.data.get('digits')}-digit addition has {pairs} problems, of which at most a "
+                             f"quarter ({pairs // 4}) can be held out")  # fmt: skip
+        return eval_size
 
     @model_validator(mode="after")
     def _check(self) -> TaskSpec:
@@ -310,6 +320,10 @@ def format_validation_error(err: ValidationError, data: Any = None) -> str:
         parts, where = list(item["loc"]), ""
         if len(parts) > 1 and parts[0] == "algorithm" and parts[1] in ALGORITHM_NAMES:
             where = f" for algorithm {parts.pop(1)!r}"  # the union's tag: algorithm.grpo.x → algorithm.x
+        tags = [p for p in parts if isinstance(p, str) and _UNION_TAG.match(p)]
+        if tags and not _member_fits(tags[-1], item["input"]):
+            continue  # a union member the value was never meant for (a range is not a list)
+        parts = [p for p in parts if p not in tags]
         loc = ".".join(str(part) for part in parts)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
@@ -321,6 +335,19 @@ def format_validation_error(err: ValidationError, data: Any = None) -> str:
         else:
             lines.append(message)
     return "; ".join(lines)
+
+
+_UNION_TAG = re.compile(r"^(list|dict|str|int|float|bool)(\[.*\])?$|^function-(after|before|wrap|plain)\[")
+
+
+def _member_fits(tag: str, value: Any) -> bool:
+    """Whether a union member (pydantic's tag in an error's path) is meant for ``value``'s
+    kind; a value of a kind no member takes is reported against every member."""
+    kinds = {"list": list, "dict": dict, "str": str, "int": int, "float": float, "bool": bool}
+    kind = kinds.get(tag.split("[")[0])
+    if kind is None:  # a model behind a validator function: takes mappings
+        kind = dict
+    return isinstance(value, kind) or not isinstance(value, list | dict)
 
 
 def _short(value: Any, limit: int = 200) -> str:

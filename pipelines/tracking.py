@@ -11,12 +11,14 @@ never left RUNNING.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import yaml
 from asyncrlhf.orchestration import RunHistory
 from pipelines.spec import ExperimentSpec, TrackingSpec
 from pipelines.specfile import flatten, spec_hash
+from pipelines.store import DEFAULT_TRACKING_URI, Heartbeat, end_run, open_store, owner_tags, resolve_tracking_uri
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -34,20 +37,12 @@ __all__ = [
     "experiment_id_for",
     "log_benchmark",
     "new_run",
+    "open_store",
     "read_run",
     "resolve_tracking_uri",
 ]
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
 _MAX_PARAMS, _MAX_METRICS = 100, 1000  # per log_batch request (MLflow REST limits)
-
-
-def resolve_tracking_uri(configured: str | None = None) -> str:
-    """``configured``, else ``$MLFLOW_TRACKING_URI``, else the local SQLite store."""
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return uri
 
 
 def artifact_root_for(uri: str) -> str | None:
@@ -72,34 +67,19 @@ def new_run(
     from mlflow.entities import Param
 
     experiment_id = experiment_id_for(client, experiment, client.tracking_uri)
-    run_id = client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+    run_id = client.create_run(experiment_id, tags={**tags, **owner_tags()}, run_name=run_name).info.run_id
     batch = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
     for i in range(0, len(batch), _MAX_PARAMS):
         client.log_batch(run_id, params=batch[i : i + _MAX_PARAMS], synchronous=True)
     return run_id
 
 
-def end_run(client: Any, run_id: str, status: str, label: str, tags: dict[str, str] | None = None) -> None:
-    """Terminate a run as ``status`` (FINISHED, FAILED, KILLED) with its
-    ``asyncrlhf.status`` tag (``label``) and any further tags; a run deleted from the
-    store is nothing to end."""
-    from mlflow.entities import RunTag
-
-    try:
-        batch = [RunTag("asyncrlhf.status", label), *(RunTag(k, v) for k, v in (tags or {}).items())]
-        client.log_batch(run_id, tags=batch, synchronous=True)
-        client.set_terminated(run_id, status=status)
-    except Exception:
-        pass
-
-
 def log_benchmark(uri: str | None, suite: str, figures: list[Any], regressed: list[str], env: dict[str, Any]) -> str:
     """One run in the ``benchmarks`` experiment: params = environment, metrics = figures
     (median, min, max), tags = suite and gate status. Returns its id."""
-    from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    client = MlflowClient(resolve_tracking_uri(uri))
+    client = open_store(uri)
     tags = {"suite": suite, "status": "regressed" if regressed else "ok"}
     if env.get("git_commit"):
         tags["mlflow.source.git.commit"] = env["git_commit"]
@@ -149,26 +129,26 @@ class Tracker:
     """One MLflow run: ``start`` → ``on_metrics`` per step → ``finish`` or ``fail``."""
 
     def __init__(self, tracking: TrackingSpec) -> None:
-        from mlflow import MlflowClient
-
         self.config = tracking
         self.uri = resolve_tracking_uri(tracking.uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_store(self.uri)
+        self.heartbeat = Heartbeat(self.client)
         self.run_id: str | None = None
         self.step_seconds = 0.0  # time spent in per-step tracking (the on_metrics callback)
         self.finish_seconds = 0.0  # time spent on final metrics, plots and artifacts
         self._pending: list[Any] = []
         self._steps_since_flush = 0
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
-        self._initial_logged = False  # a resumed run: the step-0 evaluation is in the store already
+        self._ended = False
 
     # ------------------------------------------------------------- lifecycle
     def start(self, spec: ExperimentSpec, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> str:
-        """Create the run and log the resolved spec before the first step.
+        """Create the run and log the resolved spec before the first step; a failure once
+        the run exists marks it FAILED.
 
         ``parent_run_id`` nests the run under a sweep's parent run; ``tags`` are added.
         """
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
 
         experiment_id = experiment_id_for(self.client, self.config.experiment, self.uri)
         tags = {
@@ -177,6 +157,8 @@ class Tracker:
             "mode": spec.orchestrator.mode,
             "algorithm": spec.algorithm.name,
             "engine": spec.rollout.engine,
+            "asyncrlhf.status": "running",
+            **owner_tags(),
             **self.config.tags,
         }
         commit = _git_commit()
@@ -186,36 +168,54 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
         self.run_id = run.info.run_id
-        params = [Param(k, v[:6000]) for k, v in flatten(spec).items()]
-        for i in range(0, len(params), _MAX_PARAMS):
-            self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS], synchronous=True)
-        self.client.log_text(self.run_id, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), "spec.yaml")
-        self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", "running")], synchronous=True)
+        self.heartbeat.beat(self.run_id)
+        with self.failing():
+            params = [Param(k, v[:6000]) for k, v in flatten(spec).items()]
+            for i in range(0, len(params), _MAX_PARAMS):
+                self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS], synchronous=True)
+            text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+            self.client.log_text(self.run_id, text, "spec.yaml")
         return self.run_id
 
     def resume(self, run_id: str, from_step: int, restored: list[dict[str, float]]) -> None:
-        """Reopen ``run_id`` (RUNNING again) to continue it from checkpoint ``from_step``,
-        whose ``restored`` steps are logged where the store lacks them (metrics not yet
-        flushed when the process died); no step is logged twice. The run records how
-        often, and from which steps, it resumed."""
+        """Reopen ``run_id`` (RUNNING again, owned by this process) to continue it from
+        checkpoint ``from_step``, whose ``restored`` steps are logged where the store
+        lacks them (metrics not yet flushed when the process died); no step is logged
+        twice. The run records how often, and from which steps, it resumed."""
         from mlflow.entities import RunTag
 
         run = self.client.get_run(run_id)
         self.run_id = run_id
         history = self.client.get_metric_history(run_id, "loss/policy")
         self._logged_until = max((m.step for m in history), default=0)
-        self._initial_logged = any(m.step == 0 for m in self.client.get_metric_history(run_id, "eval/accuracy"))
         count = int(run.data.tags.get("resume.count", "0")) + 1
         steps = [*json.loads(run.data.tags.get("resume.from_steps", "[]")), from_step]
-        tags = {"resume.count": str(count), "resume.from_steps": json.dumps(steps), "asyncrlhf.status": "running"}
+        tags = {"resume.count": str(count), "resume.from_steps": json.dumps(steps), "asyncrlhf.status": "running",
+                **owner_tags()}  # fmt: skip
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
         self.client.update_run(run_id, status="RUNNING")
-        for step, metrics in enumerate(restored, 1):
-            self.on_metrics(step, metrics)
-        self.flush()
+        if "error" in run.data.tags:  # why it stopped last time: no longer true of a live run
+            self.client.delete_tag(run_id, "error")
+        self._ended = False
+        self.heartbeat.beat(run_id)
+        with self.failing():
+            for step, metrics in enumerate(restored, 1):
+                self.on_metrics(step, metrics)
+            self.flush()
+
+    @contextlib.contextmanager
+    def failing(self) -> Iterator[None]:
+        """Inside, any error (a stop request or Ctrl-C included) ends the run: FAILED with
+        the error, or KILLED for an interrupt; then it propagates."""
+        try:
+            yield
+        except BaseException as error:
+            self.fail(error)
+            raise
 
     def on_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """The core's ``on_metrics`` callback: queue, and flush every ``flush_every`` steps."""
+        """The core's ``on_metrics`` callback: queue, and flush every ``flush_every`` steps.
+        Step 0 (the evaluation before any update) is sent at once, stamped when measured."""
         from mlflow.entities import Metric
 
         if step <= self._logged_until:
@@ -228,7 +228,7 @@ class Tracker:
             if key != "step" and isinstance(value, int | float) and math.isfinite(value)
         )
         self._steps_since_flush += 1
-        if self._steps_since_flush >= self.config.flush_every:
+        if step == 0 or self._steps_since_flush >= self.config.flush_every:
             self.flush()
         self.step_seconds += time.perf_counter() - begin
 
@@ -240,21 +240,19 @@ class Tracker:
 
     def finish(self, history: RunHistory, extra: dict[str, float] | None = None, status: str = "FINISHED") -> None:
         """Final metrics, artifacts, and ``status`` (FINISHED; KILLED for a pruned trial)."""
-        from mlflow.entities import Metric, RunTag
+        from mlflow.entities import Metric
 
         from pipelines.plots import plot_curves, plot_timeline
 
         begin = time.perf_counter()
         self.flush()
         now = int(time.time() * 1000)
-        initial = {} if self._initial_logged else history.initial_metrics
-        final = [Metric(k, float(v), now, 0) for k, v in initial.items() if math.isfinite(v)]
         # Whole-run figures; those the per-step stream already carries (cumulative
         # throughput) are not logged twice at the last step.
         per_step = set(history.steps[-1]) if history.steps else set()
         summary = {k: v for k, v in {**history.summary, **(extra or {})}.items() if k not in per_step}
         last = len(history.steps)
-        final += [Metric(k, float(v), now, last) for k, v in summary.items() if math.isfinite(v)]
+        final = [Metric(k, float(v), now, last) for k, v in summary.items() if math.isfinite(v)]
         self.client.log_batch(self.run_id, metrics=final, synchronous=True)
         with tempfile.TemporaryDirectory(prefix="asyncrlhf-") as tmp:
             artifacts = Path(tmp)
@@ -264,34 +262,37 @@ class Tracker:
             for path in sorted(artifacts.iterdir()):
                 folder = "plots" if path.suffix == ".png" else "history"
                 self.client.log_artifact(self.run_id, str(path), folder)
-        label = "finished" if status == "FINISHED" else "stopped"
-        self.client.log_batch(self.run_id, tags=[RunTag("asyncrlhf.status", label)], synchronous=True)
-        self.client.set_terminated(self.run_id, status=status)
+        self._end(status, "finished" if status == "FINISHED" else "stopped")
         self.finish_seconds += time.perf_counter() - begin
 
     def fail(self, error: BaseException) -> None:
-        """Mark the run FAILED with its error (never leave it RUNNING)."""
-        if self.run_id is None:
+        """Mark the run FAILED with its error, or KILLED for an interrupt (never leave it
+        RUNNING); once only, keeping the metrics sent so far."""
+        if self.run_id is None or self._ended:
             return
-        from mlflow.entities import RunTag
-
         message = f"{type(error).__name__}: {error}"[:4000]
+        killed = isinstance(error, KeyboardInterrupt)
         try:
             self.flush()
         finally:
-            killed = isinstance(error, KeyboardInterrupt)
-            label = "killed" if killed else "failed"
-            self.client.log_batch(
-                self.run_id, tags=[RunTag("asyncrlhf.status", label), RunTag("error", message)], synchronous=True
-            )
-            status = "KILLED" if killed else "FAILED"
-            self.client.set_terminated(self.run_id, status=status)
+            self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
+
+    def _end(self, status: str, label: str, tags: dict[str, str] | None = None) -> None:
+        assert self.run_id is not None
+        self._ended = True
+        self.heartbeat.stop(self.run_id)
+        end_run(self.client, self.run_id, status, label, tags)
 
 
 def _write_history(history: RunHistory, folder: Path) -> None:
-    keys = sorted({k for step in history.steps for k in step})
+    """``history.csv`` (an integer ``step`` column first, step 0 the evaluation before any
+    update), ``history.json`` and ``timeline.json``."""
+    rows = [{"step": 0, **history.initial_metrics}] if history.initial_metrics else []
+    rows += [{**s, "step": i} for i, s in enumerate(history.steps, 1)]
+    keys = ["step", *sorted({k for row in rows for k in row} - {"step"})]
     lines = [",".join(keys)]
-    lines += [",".join("" if k not in s else repr(float(s[k])) for k in keys) for s in history.steps]
+    lines += [",".join([str(row["step"]), *("" if k not in row else repr(float(row[k])) for k in keys[1:])])
+              for row in rows]  # fmt: skip
     (folder / "history.csv").write_text("\n".join(lines) + "\n")
     (folder / "history.json").write_text(
         json.dumps(

@@ -23,7 +23,10 @@ class ReplayBuffer(Protocol):
     """A thread-safe store between rollout (``push``) and training (``sample``).
 
     Accounting identity, at every quiescent moment:
-    ``pushed == sampled + dropped_overflow + evicted_stale + len(buffer)``.
+    ``pushed == sampled + dropped_overflow + evicted_stale + len(buffer)``. While a
+    blocking ``sample`` waits for more, the experiences it already took are reported by
+    ``stats()`` as ``held``; ``pushed == sampled + dropped_overflow + evicted_stale +
+    size + held`` holds at every moment.
     """
 
     def push(self, exp: Experience) -> bool: ...
@@ -61,8 +64,11 @@ class LockedBuffer:
     """The locking, waiting and counting every buffer shares.
 
     Subclasses hold their items and implement ``_take(out, n)`` (move up to n units
-    into ``out``, counting what they evict) and ``_units(out)`` (experiences in
-    ``out``); they call ``_wait_and_take`` from their public ``sample``.
+    into ``out``, counting what they evict), ``_units(out)`` (experiences in ``out``)
+    and, with a staleness bound, ``_recheck(out)`` (evict what went stale in ``out``
+    while the sampler waited); they call ``_wait_and_take`` from their public ``sample``.
+    A blocking sample re-checks what it holds after every wait, so nothing it returns is
+    staler than the bound at the moment it returns.
     """
 
     def __init__(self) -> None:
@@ -74,6 +80,7 @@ class LockedBuffer:
         self._sampled = 0
         self._dropped_overflow = 0
         self._evicted_stale = 0
+        self._held = 0  # experiences taken by samples that are still waiting for more
 
     def close(self) -> None:
         """Wake every waiting ``sample``; later samples return what is left without waiting."""
@@ -92,11 +99,15 @@ class LockedBuffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                held = self._units(out)
                 self._waiting += 1
+                self._held += held
                 try:
                     self._cond.wait(remaining)
                 finally:
                     self._waiting -= 1
+                    self._held -= held
+                self._recheck(out)  # the version may have moved while waiting
             self._sampled += self._units(out)
         return out
 
@@ -113,6 +124,7 @@ class LockedBuffer:
             "dropped_overflow": self._dropped_overflow,
             "evicted_stale": self._evicted_stale,
             "size": size,
+            "held": self._held,
         }
 
     def _counter_state(self) -> dict[str, int]:
@@ -126,6 +138,9 @@ class LockedBuffer:
 
     def _take(self, out: list[Any], n: int) -> None:
         raise NotImplementedError
+
+    def _recheck(self, out: list[Any]) -> None:
+        """Evict from ``out`` what went stale while waiting (no bound: nothing)."""
 
     def _units(self, out: list[Any]) -> int:
         return len(out)

@@ -48,7 +48,8 @@ class BoundedReplayBuffer(LockedBuffer):
             return len(self._items)
 
     def stats(self) -> dict[str, int]:
-        """Counters; ``pushed == sampled + dropped_overflow + evicted_stale + size``."""
+        """Counters; ``pushed == sampled + dropped_overflow + evicted_stale + size + held``
+        (``held``: taken by a blocking sample still waiting for more; 0 when quiescent)."""
         with self._cond:
             return self._counters(len(self._items))
 
@@ -97,6 +98,12 @@ class VersionedReplayBuffer(BoundedReplayBuffer):
             self._rejected_stale += 1
             return False
         return True
+
+    def _recheck(self, out: list[Experience]) -> None:
+        current = self._rule.current()
+        kept = [exp for exp in out if not self._rule.too_stale(exp.policy_version, current)]
+        self._evicted_stale += len(out) - len(kept)
+        out[:] = kept
 
     def _take(self, out: list[Experience], batch_size: int) -> None:
         current = self._rule.current()

@@ -139,6 +139,14 @@ class GroupAwareReplayBuffer(LockedBuffer):
         assert self._rule is not None
         return self._rule.too_stale(min(e.policy_version for e in group), current)
 
+    def _recheck(self, out: list[list[Experience]]) -> None:
+        if self._rule is None:
+            return
+        current = self._rule.current()
+        kept = [group for group in out if not self._stale(group, current)]
+        self._evicted_stale += self._units(out) - self._units(kept)
+        out[:] = kept
+
     def _take(self, out: list[list[Experience]], num_groups: int) -> None:
         if self._rule is not None:
             current = self._rule.current()

@@ -189,7 +189,7 @@ class RayOrchestrator:
         recorder.begin(keep_elapsed=self._restored)
         startup = recorder.t0 - begin
         if self.schedule.eval_every and not self._restored:
-            recorder.history.initial_metrics["eval/accuracy"] = self._get(self.trainer.evaluate.remote())
+            recorder.initial({"eval/accuracy": self._get(self.trainer.evaluate.remote())})
 
         done = recorder.steps_done
         run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))

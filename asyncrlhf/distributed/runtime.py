@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,10 +27,18 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = 2, num_gpus: 
     if ray.is_initialized():
         yield
         return
+    # ray.init replaces the driver's SIGTERM handler with one that exits at once
+    # (SystemExit 15, mid-step, the run left unrecorded): the caller's handling is kept.
+    on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING)
+        # A local cluster names this machine by its loopback address: Ray versions that
+        # bind their servers to the node's address then listen on 127.0.0.1 only.
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING,
+                 _node_ip_address="127.0.0.1")  # fmt: skip
+    if on_sigterm is not None:
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:

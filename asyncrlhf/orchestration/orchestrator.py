@@ -59,7 +59,8 @@ class Orchestrator:
         max_new_tokens: response cap of the greedy evaluation (default: the engine's).
         scale_advantages: GRPO's std scaling (False: Dr. GRPO).
         verify_weights: check weight checksums after every load.
-        on_metrics: ``callback(step, metrics)`` after every trainer step.
+        on_metrics: ``callback(step, metrics)`` after every trainer step; step 0 carries the
+            evaluation before any update (``eval/accuracy``), sent when measured.
         timeout_s: how long any wait may last before the run fails loudly.
     """
 
@@ -112,7 +113,7 @@ class Orchestrator:
             self.recorder = StepRecorder(self.schedule.mode, self.on_metrics)
             self.trainer_side.publish()
         if self.schedule.eval_every and not self._restored:
-            self.recorder.history.initial_metrics["eval/accuracy"] = self.trainer_side.evaluate()
+            self.recorder.initial({"eval/accuracy": self.trainer_side.evaluate()})
         self.recorder.begin(keep_elapsed=self._restored)
         first = self.recorder.steps_done
         if self.schedule.mode == "sync":

@@ -175,6 +175,12 @@ class StepRecorder:
         with self._lock:
             self._events.append(TimelineEvent(worker, phase, start, time.time() if end is None else end))
 
+    def initial(self, metrics: dict[str, float]) -> None:
+        """The evaluation before any update: kept, and reported at once as step 0."""
+        self.history.initial_metrics.update(metrics)
+        if self.on_metrics is not None:
+            self.on_metrics(0, dict(metrics))
+
     def step(self, metrics: dict[str, float], staleness: list[int], samples: int) -> None:
         """A trainer step finished: stamp its metrics, keep them, report them."""
         now = time.time()

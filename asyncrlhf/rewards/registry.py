@@ -65,9 +65,16 @@ def get_reward(kind: str) -> RewardFn:
             "or a dotted path 'package.module:function'"
         )
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
         raise ValueError(f"reward kind {kind!r} could not be imported: {err}") from err
+    except Exception as err:  # the module itself is broken: a syntax error, or it raised at import
+        where = f" ({err.filename}, line {err.lineno})" if isinstance(err, SyntaxError) else ""
+        raise ValueError(f"reward kind {kind!r}: importing {module_name!r} failed: {type(err).__name__}: "
+                         f"{err.msg if isinstance(err, SyntaxError) else err}{where}") from err  # fmt: skip
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ValueError(f"reward kind {kind!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(fn):
         raise ValueError(f"reward kind {kind!r} resolves to a non-callable {type(fn).__name__}")
     return fn

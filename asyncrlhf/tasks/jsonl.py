@@ -6,11 +6,14 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from asyncrlhf._checks import check_nonnegative_int
 from asyncrlhf.tasks.base import Problem, encode_problem
 
 __all__ = ["JsonlTask"]
+
+Row = tuple[str, str, str]  # (id, prompt, answer)
 
 
 class JsonlTask:
@@ -19,6 +22,13 @@ class JsonlTask:
     A seeded share of the lines (``eval_fraction``, drawn by ``eval_seed``, default
     ``seed``) is held out for evaluation, or a separate ``eval_path`` file gives the
     evaluation set. ``seed`` orders the training stream.
+
+    Every line is checked when the task is built, and a bad one is refused with its file,
+    line and field: prompts and answers must be non-empty JSON strings (not ``null``,
+    numbers or objects, which would otherwise be trained on as ``"None"`` or ``"3"``),
+    and every character must be one the tokenizer can represent (else two different
+    answers could encode to the same ``<unk>`` ids and compare equal). A held-out share
+    that rounds to no problem is refused too: the run would report no accuracy.
     """
 
     def __init__(
@@ -36,30 +46,61 @@ class JsonlTask:
         rows = self._read(Path(path))
         if eval_path is not None:
             self._train, self._eval = rows, self._read(Path(eval_path))
+            if not self._eval:
+                raise ValueError(f"{eval_path}: no evaluation problems in the file")
         else:
             if not 0.0 <= eval_fraction < 1.0:
                 raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction!r}")
             shuffled = rows[:]
             random.Random(split_seed).shuffle(shuffled)
             cut = int(len(shuffled) * eval_fraction)
+            if eval_fraction > 0 and cut == 0:
+                raise ValueError(
+                    f"{path}: {len(rows)} problem(s) at eval_fraction={eval_fraction} hold out none for evaluation: "
+                    f"give at least {int(1 / eval_fraction) + 1} lines, or an eval_path"
+                )
             self._eval, self._train = shuffled[:cut], shuffled[cut:]
         if not self._train:
-            raise ValueError(f"path {path} leaves no training problems")
+            raise ValueError(f"{path}: no training problems in the file")
 
-    @staticmethod
-    def _read(path: Path) -> list[tuple[str, str, str]]:
+    def _read(self, path: Path) -> list[Row]:
         if not path.is_file():
             raise FileNotFoundError(f"task path {path} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            byte = err.object[err.start]
+            raise ValueError(f"{path}: not UTF-8 text (byte {byte:#04x} at offset {err.start})") from None
         rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                rows.append((str(item.get("id", f"{path.name}:{lineno}")), str(item["prompt"]), str(item["answer"])))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-                raise ValueError(f"{path}:{lineno}: expected {{'prompt': ..., 'answer': ...}}: {err}") from err
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                rows.append(self._row(json_line(path, lineno, line), f"{path}:{lineno}", f"{path.name}:{lineno}"))
         return rows
+
+    def _row(self, item: dict[str, Any], where: str, default_id: str) -> Row:
+        pid = item.get("id", default_id)
+        if isinstance(pid, bool) or not isinstance(pid, str | int):
+            raise ValueError(f"{where}: field 'id' must be a string or an integer, got {_json(pid)}")
+        fields = []
+        for name in ("prompt", "answer"):
+            if name not in item:
+                raise ValueError(f"{where}: missing field {name!r} (expected {{'prompt': ..., 'answer': ...}})")
+            value = item[name]
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{where}: field {name!r} must be a non-empty string, got {_json(value)}")
+            unknown = self._unrepresentable(value)
+            if unknown:
+                raise ValueError(f"{where}: field {name!r} has characters the tokenizer cannot represent: {unknown}")
+            fields.append(value)
+        return str(pid), fields[0], fields[1]
+
+    def _unrepresentable(self, text: str) -> str:
+        """The characters of ``text`` the tokenizer maps to its unknown token (none: '')."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None or unk not in self.tokenizer.encode(text, add_special_tokens=False):
+            return ""
+        bad = sorted({c for c in text if unk in self.tokenizer.encode(c, add_special_tokens=False)})
+        return " ".join(repr(c) for c in bad) or repr(text[:40])
 
     def train_problems(self) -> Iterator[Problem]:
         rng = random.Random(self.seed + 1)
@@ -69,3 +110,19 @@ class JsonlTask:
 
     def eval_problems(self) -> list[Problem]:
         return [encode_problem(self.tokenizer, pid, prompt, answer) for pid, prompt, answer in self._eval]
+
+
+def json_line(path: Path, lineno: int, line: str) -> dict[str, Any]:
+    """One line's JSON object, or a ValueError naming the file and line."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{lineno}: not JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(item, dict):
+        raise ValueError(f"{path}:{lineno}: expected an object {{'prompt': ..., 'answer': ...}}, got {_json(item)}")
+    return item
+
+
+def _json(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

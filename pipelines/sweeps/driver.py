@@ -33,7 +33,7 @@ from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import SweepReport, trial_rows
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.sweeps.trial import TrialRunner
-from pipelines.tracking import Tracker, end_run, new_run, resolve_tracking_uri
+from pipelines.tracking import Tracker, end_run, new_run, open_store, resolve_tracking_uri
 
 __all__ = ["SweepResult", "TrialRunner", "run_sweep"]
 
@@ -98,7 +98,8 @@ def run_sweep(
     poll_s: float = 1.0,
 ) -> SweepResult:
     """Run (or resume) a sweep until it has ``sweep.num_trials`` finished trials, or this
-    call has started ``max_trials``. Ray must be initialised (see ``ray_runtime``).
+    call has started ``max_trials``. Uses Ray if initialised (a test fixture), else starts
+    one as ``sweep.runtime`` says; only one driver may run a study at a time.
 
     Args:
         sweep: the sweep.
@@ -107,12 +108,21 @@ def run_sweep(
         on_trial: called with each trial's summary row as it finishes.
         poll_s: how often running trials are polled for metrics.
     """
-    from mlflow import MlflowClient
+    from asyncrlhf.distributed import ray_runtime
 
-    _check_resources(sweep)
     uri = resolve_tracking_uri(sweep.tracking.uri)
-    client = MlflowClient(tracking_uri=uri)
     storage = sweep.storage or studies.default_storage(uri)
+    runtime = sweep.runtime
+    with studies.driver_lock(storage, sweep.study_name), ray_runtime(runtime.address, runtime.num_cpus):
+        _check_resources(sweep)
+        return _run_locked(sweep, base, max_trials, on_trial, poll_s, uri, storage)
+
+
+def _run_locked(
+    sweep: SweepSpec, base: dict[str, Any], max_trials: int | None, on_trial: Any, poll_s: float, uri: str, storage: str
+) -> SweepResult:
+    """:func:`run_sweep` while holding the study's driver lock."""
+    client = open_store(uri)
     study = studies.make_study(sweep, base, storage)
     for stale in studies.stale_trials(study):  # left RUNNING by a killed driver
         sweep_runs.interrupt(study, client, stale.number, stale.params, stale.user_attrs.get("mlflow_run_ids", {}))
@@ -206,11 +216,12 @@ class _Driver:
         import ray
 
         for config in self.configs.values():
-            running = [job for job in config.jobs.values() if not job.done]
-            for job in running:
-                ray.kill(job.actor)
+            for job in config.jobs.values():
+                if not job.done:
+                    ray.kill(job.actor)
+            # Every seed's run not yet FINISHED (one cut off while being finished too).
             sweep_runs.interrupt(self.study, self.client, config.trial.number, config.params,
-                       {str(job.seed): job.tracker.run_id for job in running})  # fmt: skip
+                       {str(job.seed): job.tracker.run_id for job in config.jobs.values()})  # fmt: skip
         self.configs.clear()
 
     # ---------------------------------------------------------------- trials
@@ -260,11 +271,12 @@ class _Driver:
         if not restore:
             tracker.start(spec, parent_run_id=self.parent, tags=tags)
         assert tracker.run_id is not None
-        actor = self.runner.options(
-            num_cpus=self.sweep.trial_resources.num_cpus, num_gpus=self.sweep.trial_resources.num_gpus
-        ).remote(self.threads)
-        job = _Job(config, seed, actor, tracker)
-        config.jobs[seed] = job
+        with tracker.failing():  # an interrupt before the job is registered still ends its run
+            actor = self.runner.options(
+                num_cpus=self.sweep.trial_resources.num_cpus, num_gpus=self.sweep.trial_resources.num_gpus
+            ).remote(self.threads)
+            job = _Job(config, seed, actor, tracker)
+            config.jobs[seed] = job
         config.trial.set_user_attr("mlflow_run_ids", {str(s): j.tracker.run_id for s, j in config.jobs.items()})
         folder = str(checkpoint_folder(tracker.uri, tracker.run_id))
         self.refs[actor.run.remote(spec.model_dump(mode="json"), folder, restore)] = job
@@ -296,7 +308,7 @@ class _Driver:
         for step, metrics in ray.get(job.actor.poll.remote()):
             job.tracker.on_metrics(step, metrics)
             value = metrics.get(self.sweep.objective)
-            if value is None or not math.isfinite(value) or config.stopping:
+            if step == 0 or value is None or not math.isfinite(value) or config.stopping:  # 0: before training
                 continue
             at_step = config.curves.setdefault(step, {})
             at_step[job.seed] = value

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.specfile import flatten
+from pipelines.store import owner_tags
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
@@ -34,10 +35,14 @@ def seed_key(params: dict[str, Any], seed: int) -> str:
 
 
 def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
+    """The sweep's parent run: created, or reopened (owned by this process) on resume."""
+    from mlflow.entities import RunTag
+
     run_id = study.user_attrs.get("mlflow_parent_run_id")
     if run_id is not None:
         try:
             client.update_run(run_id, status="RUNNING")
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in owner_tags().items()], synchronous=True)
             return run_id
         except Exception:  # the parent lives in another store: start a new one
             pass

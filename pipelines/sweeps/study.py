@@ -5,20 +5,31 @@ A grid enqueues its combinations; an ``optuna`` sweep asks a seeded TPE sampler.
 cut off by an interrupt (Ctrl-C, or a driver killed outright) is failed, listed in the
 study's ``interrupted`` attribute so it never counts, and its parameters are queued
 again: a sweep resumes where it stopped and never reruns a finished trial.
+
+One driver at a time per study: :func:`driver_lock` holds a file lock for the study
+while a driver runs it, so a second copy of the same sweep refuses at once (naming the
+first's process) instead of taking the first's live trials for stale ones. The lock is
+a file beside a SQLite storage (or in the temporary directory for a server storage, so
+it guards one machine only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pipelines.specfile import SpecError
 from pipelines.sweeps.spec import SweepSpec
 
-__all__ = ["counted", "default_storage", "interrupt", "make_study", "stale_trials", "suggest"]
+__all__ = ["counted", "default_storage", "driver_lock", "interrupt", "make_study", "stale_trials", "suggest"]
 
 INTERRUPTED = "interrupted"  # study attribute: numbers of trials cut off by an interrupt
 
@@ -29,6 +40,35 @@ def default_storage(tracking_uri: str) -> str:
         return f"sqlite:///{Path(tracking_uri.removeprefix('sqlite:///')).parent / 'optuna.db'}"
     Path("mlflow").mkdir(exist_ok=True)
     return "sqlite:///mlflow/optuna.db"
+
+
+@contextlib.contextmanager
+def driver_lock(storage: str, study_name: str) -> Iterator[None]:
+    """Hold the study's driver lock while inside; a SpecError if another driver holds it."""
+    from filelock import FileLock, Timeout
+
+    if storage.startswith("sqlite:///"):
+        db = Path(storage.removeprefix("sqlite:///"))
+        db.parent.mkdir(parents=True, exist_ok=True)
+        base = db.with_name(f"{db.name}.{study_name}")
+    else:
+        digest = hashlib.sha256(f"{storage} {study_name}".encode()).hexdigest()[:16]
+        base = Path(tempfile.gettempdir()) / f"asyncrlhf-sweep-{digest}"
+    lock, owner = FileLock(f"{base}.lock"), Path(f"{base}.owner")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        holder = owner.read_text().strip() if owner.is_file() else "another process"
+        raise SpecError(
+            f"sweep study {study_name!r} in {storage} is being run by {holder}: wait for it to finish, or stop it "
+            "(Ctrl-C), then run this command again to resume"
+        ) from None
+    try:
+        owner.write_text(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        yield
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()
 
 
 def _signature(sweep: SweepSpec, base: dict[str, Any]) -> str:

@@ -163,3 +163,36 @@ def test_versioned_stress_with_a_moving_version():
     assert s["pushed"] == s["sampled"] + s["dropped_overflow"] + s["evicted_stale"] + len(buf)
     assert s["sampled"] == len(got) == len({id(e) for e in got})
     assert s["evicted_stale"] > 0 and s["sampled"] > 0
+
+
+@pytest.mark.parametrize("kind", ["versioned", "group"])
+def test_a_blocked_sample_returns_nothing_that_went_stale_while_it_waited(kind):
+    """Issue 16, item 11: with bound 1, a sample blocked holding version-0 experiences
+    while the version moved to 3 used to return them at staleness 3."""
+    current = {"v": 0}
+    if kind == "versioned":
+        buf = VersionedReplayBuffer(64, max_staleness=1, version=lambda: current["v"])
+        push_group = lambda pid, v: buf.push(make_exp(pid, version=v))  # noqa: E731
+        unit = 1
+    else:
+        buf = GroupAwareReplayBuffer(2, max_groups=32, max_staleness=1, version=lambda: current["v"])
+        push_group = lambda pid, v: [buf.push(make_exp(pid, version=v)) for _ in range(2)]  # noqa: E731
+        unit = 2
+    got: list = []
+    push_group("old-0", 0)
+    push_group("old-1", 0)
+    sampler = threading.Thread(target=lambda: got.extend(buf.sample(4, timeout=10.0)))
+    sampler.start()
+    while buf.stats()["held"] != 2 * unit:  # it took both and waits for two more
+        pass
+    s = buf.stats()  # consistent while it waits: the two it holds are "held"
+    assert (s["pushed"], s["size"], s["held"], s["sampled"]) == (2 * unit, 0, 2 * unit, 0)
+    current["v"] = 3
+    for i in range(4):
+        push_group(f"new-{i}", 3)
+    sampler.join(timeout=10.0)
+    flat = [e for item in got for e in (item if isinstance(item, list) else [item])]
+    assert len(got) == 4 and max(current["v"] - e.policy_version for e in flat) == 0
+    s = buf.stats()
+    assert s["evicted_stale"] == 2 * unit and s["held"] == 0
+    assert s["pushed"] == s["sampled"] + s["dropped_overflow"] + s["evicted_stale"] + s["size"] + s["held"]

@@ -84,9 +84,10 @@ def test_a_corrupted_sync_fails_loudly():
 
 
 def test_metrics_timeline_and_callback():
-    seen: list[int] = []
-    history = build("async", max_staleness=1, on_metrics=lambda step, m: seen.append(step)).run(4)
-    assert seen == [1, 2, 3, 4]
+    seen: list[tuple[int, set[str]]] = []
+    history = build("async", max_staleness=1, on_metrics=lambda step, m: seen.append((step, set(m)))).run(4)
+    assert [step for step, _ in seen] == [0, 1, 2, 3, 4]  # 0: the evaluation before any update, sent at once
+    assert seen[0][1] == {"eval/accuracy"}
     assert set(history.steps[0]) >= VOCABULARY
     assert [s for s, _ in history.metric("eval/accuracy")] == [2, 4]
     assert "eval/accuracy" in history.initial_metrics

@@ -56,7 +56,7 @@ def test_malformed_yaml_and_missing_file(store, tmp_path):
     assert runs(store) == []
 
 
-def test_run_through_the_cli_into_a_real_store(store):
+def test_run_through_the_cli_into_a_real_store(store, tmp_path):
     done = subprocess.run([*cli(), "run", str(QUICKSTART), *SHORT], capture_output=True, text=True, env=env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "summary" in done.stdout and "asyncrlhf ui" in done.stdout
@@ -73,6 +73,15 @@ def test_run_through_the_cli_into_a_real_store(store):
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3, 4, 5, 6], key
     accuracy = client.get_metric_history(run.info.run_id, "eval/accuracy")
     assert sorted(m.step for m in accuracy) == [0, 3, 6]
+    # The start's accuracy is stamped when it was measured, before step 1 (it used to
+    # carry the end-of-run time, so every time-axis curve fell back to it at the end).
+    start = next(m for m in accuracy if m.step == 0)
+    first = next(m for m in client.get_metric_history(run.info.run_id, "loss/policy") if m.step == 1)
+    assert start.timestamp <= first.timestamp < run.info.end_time
+    csv = Path(client.download_artifacts(run.info.run_id, "history/history.csv", str(tmp_path))).read_text()
+    rows = [line.split(",") for line in csv.splitlines()]
+    assert rows[0][0] == "step" and [r[0] for r in rows[1:]] == ["0", "1", "2", "3", "4", "5", "6"]
+    assert rows[1][rows[0].index("eval/accuracy")] == repr(start.value)
     assert "perf/bubble_frac_trainer" in run.data.metrics and "perf/tracking_frac" in run.data.metrics
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {"spec.yaml", "plots/curves.png", "plots/timeline.png", "history/history.csv"} <= artifacts

@@ -93,10 +93,17 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_lagged_run(store, tmp_pat
     run_id, process = start_run(spec, store)
     signal_after_checkpoint(run_id, process, store, signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL and MlflowClient(store).get_run(run_id).info.status == "RUNNING"
+    # The next command on the store finds the run's process gone and marks it KILLED
+    # (here a refused resume: it opened the store, then exited 2).
+    refused = asyncrlhf("resume", run_id, "--set", "trainer.steps=1")
+    assert refused.returncode == 2 and "raise it" in refused.stderr
+    killed = MlflowClient(store).get_run(run_id)
+    assert killed.info.status == "KILLED"
+    assert "ended without closing it (killed with SIGKILL" in killed.data.tags["error"]
     resumed = asyncrlhf("resume", run_id)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     run = MlflowClient(store).get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "1"
+    assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "1" and "error" not in run.data.tags
     (from_step,) = json.loads(run.data.tags["resume.from_steps"])  # the newest checkpoint it reached
     assert 0 < from_step < 40 and from_step % 4 == 0
     for key in ("loss/policy", "reward/mean", "eval/accuracy", "staleness/max"):

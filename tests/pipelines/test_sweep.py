@@ -38,20 +38,54 @@ def sweep_runs(uri: str, experiment: str = "sweeps") -> tuple[object, list]:
     return parent, sorted(children, key=lambda r: int(r.data.tags["sweep.trial"]))
 
 
+def trial_states(uri: str) -> list[str]:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("sweeps")
+    runs = [] if experiment is None else client.search_runs([experiment.experiment_id])
+    return [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
 def summary_files(uri: str, run_id: str) -> set[str]:
     return {a.path for a in MlflowClient(uri).list_artifacts(run_id, "summary")}
 
 
-def test_a_grid_sweep_through_the_cli(store, tmp_path):
-    path = write_sweep(tmp_path, name="grid", method="grid",
+def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, tmp_path):
+    """Two copies of a sweep at once used to corrupt each other (the second took the
+    first's live trial for stale); SIGTERM used to abort it (exit 134) after its
+    bookkeeping. Now: the second refuses, SIGTERM stops the first like Ctrl-C, and the
+    same command resumes it to completion."""
+    path = write_sweep(tmp_path, name="grid", method="grid", parallel=1,
                        overrides=[*SHORT, "orchestrator.mode=lagged", "orchestrator.lag=0"],
                        space={"orchestrator.lag": [0, 2], "algorithm.name": ["grpo", "m2po"]})  # fmt: skip
+    db = Path(default_storage(store).removeprefix("sqlite:///"))
+    first = subprocess.Popen([*cli(), "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env())  # fmt: skip
+    owner = db.with_name(f"{db.name}.grid.owner")
+    while not owner.exists():
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        time.sleep(0.05)
+    second = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=120)
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+    assert f"is being run by pid {first.pid}" in lines[0]
+    while "FINISHED" not in trial_states(store):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        time.sleep(0.1)
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 143 and "run the same command again to resume" in stderr, stderr[-3000:]
+    parent, children = sweep_runs(store)
+    assert parent.info.status == "KILLED" and "RUNNING" not in {c.info.status for c in children}
+    study = optuna.load_study(study_name="grid", storage=default_storage(store))
+    assert [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING] == []
+    assert not owner.exists()  # the lock is given back
+
     done = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "complete." in done.stdout and "trials by eval/accuracy" in done.stdout
     parent, children = sweep_runs(store)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep.status"] == "complete"
-    assert [c.info.status for c in children] == ["FINISHED"] * 4
+    children = [c for c in children if c.info.status == "FINISHED"]  # those cut off by the SIGTERM are KILLED
     combos = [(c.data.params["orchestrator.lag"], c.data.params["algorithm.name"]) for c in children]
     assert sorted(combos) == [("0", "grpo"), ("0", "m2po"), ("2", "grpo"), ("2", "m2po")]
     for child in children:  # the tag of swept values and the full spec agree

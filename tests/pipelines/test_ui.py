@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
+from pipelines.store import OWNER_TAG
 from tests.pipelines.conftest import cli, env
 
 
@@ -26,15 +31,40 @@ def get_json(url: str, body: dict | None = None) -> dict:
         return json.loads(response.read())
 
 
-def test_ui_serves_the_store_on_localhost(store):
+def live_processes() -> dict[int, int]:
+    """pid → parent pid of every live (not zombie) process."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    parents, found, frontier = live_processes(), set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def test_ui_serves_the_reconciled_store_on_localhost_and_ends_with_its_workers_on_sigterm(store):
     client = MlflowClient(store)
     experiment = client.create_experiment("ui-check")
     run = client.create_run(experiment, run_name="seen-through-http")
     client.log_metric(run.info.run_id, "reward/mean", 0.5, step=1)
     client.set_terminated(run.info.run_id)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    owner = json.dumps({"host": socket.gethostname(), "pid": gone.pid, "started": None})
+    orphan = client.create_run(experiment, run_name="sigkilled", tags={OWNER_TAG: owner}).info.run_id
 
     port = free_port()
-    server = subprocess.Popen(
+    ui = subprocess.Popen(
         [*cli(), "ui", "--port", str(port), "--uri", store],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True,
     )  # fmt: skip
@@ -46,17 +76,23 @@ def test_ui_serves_the_store_on_localhost(store):
                 experiments = get_json(f"{base}/experiments/search?max_results=100")
                 break
             except OSError:
-                assert server.poll() is None, "the UI server exited early"
+                assert ui.poll() is None, "the UI server exited early"
                 assert time.monotonic() < deadline, "the UI server did not answer within 90 s"
                 time.sleep(0.5)
         ids = [e["experiment_id"] for e in experiments["experiments"] if e["name"] == "ui-check"]
-        found = get_json(f"{base}/runs/search", {"experiment_ids": ids})["runs"]
-        assert [r["info"]["run_name"] for r in found] == ["seen-through-http"]
-        assert found[0]["data"]["metrics"][0]["key"] == "reward/mean"
+        found = {r["info"]["run_name"]: r for r in get_json(f"{base}/runs/search", {"experiment_ids": ids})["runs"]}
+        assert set(found) == {"seen-through-http", "sigkilled"}
+        assert found["seen-through-http"]["data"]["metrics"][0]["key"] == "reward/mean"
+        assert found["sigkilled"]["info"]["status"] == "KILLED"  # its process was gone: marked before serving
+        assert client.get_run(orphan).info.status == "KILLED"
+        server = descendants(ui.pid)  # the MLflow server and its workers
+        assert server
+        ui.send_signal(signal.SIGTERM)  # to `asyncrlhf ui` alone, as `timeout` or `docker stop` would
+        assert ui.wait(timeout=30) == 143
+        with pytest.raises(OSError):
+            get_json(f"{base}/experiments/search?max_results=1")
+        assert not server & set(live_processes())  # none left behind, still listening
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server and its workers
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGKILL)
+        ui.wait()

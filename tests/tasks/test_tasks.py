@@ -58,7 +58,49 @@ def test_jsonl_task(tmp_path, tokenizer):
 def test_jsonl_errors_name_the_line(tmp_path, tokenizer):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "c"}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: missing field 'answer'"):
         JsonlTask(tokenizer, path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         JsonlTask(tokenizer, tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": "1+1=", "answer": null}', r"bad\.jsonl:3: field 'answer' must be a non-empty string, got null"),
+        ('{"prompt": "1+1=", "answer": 2}', r"bad\.jsonl:3: field 'answer' must be a non-empty string, got 2"),
+        ('{"prompt": {"a": 1}, "answer": "2"}', r"bad\.jsonl:3: field 'prompt' must be .*got \{\"a\": 1\}"),
+        ('{"prompt": "", "answer": "2"}', r"bad\.jsonl:3: field 'prompt' must be a non-empty string"),
+        ('{"prompt": "1+1=", "answer": "2", "id": [1]}', r"bad\.jsonl:3: field 'id' must be a string or an integer"),
+        ('["1+1=", "2"]', r"bad\.jsonl:3: expected an object"),
+        ('{"prompt": "1+1=", "answer": "2",', r"bad\.jsonl:3: not JSON"),
+        # "é" and "ü" both encode to <unk>: "é" and "ü" would compare equal as answers.
+        (
+            '{"prompt": "caf\u00e9=", "answer": "\u00fc"}',
+            r"bad\.jsonl:3: field 'prompt' has characters the tokenizer "
+            r"cannot represent: 'é'",
+        ),
+    ],
+)
+def test_jsonl_refuses_lines_it_cannot_train_on(tmp_path, tokenizer, line, message):
+    path = tmp_path / "bad.jsonl"
+    good = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20)]
+    path.write_text("\n".join([*good[:2], line, *good[2:]]) + "\n")
+    with pytest.raises(ValueError, match=message):
+        JsonlTask(tokenizer, path)
+
+
+def test_jsonl_refuses_files_that_leave_nothing_to_evaluate_or_are_not_utf8(tmp_path, tokenizer):
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"one\.jsonl: 1 problem\(s\) at eval_fraction=0\.1 hold out none.*11 lines"):
+        JsonlTask(tokenizer, one)
+    assert len(JsonlTask(tokenizer, one, eval_fraction=0.0).eval_problems()) == 0  # no evaluation, asked for
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=r"empty\.jsonl: no evaluation problems"):
+        JsonlTask(tokenizer, one, eval_path=empty)
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"prompt": "caf\u00e9", "answer": "1"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.jsonl: not UTF-8 text \(byte 0xe9 at offset 15\)"):
+        JsonlTask(tokenizer, latin)

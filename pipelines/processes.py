@@ -1,0 +1,71 @@
+"""Signals and child processes for the command line: a served UI that ends with its
+workers, and SIGTERM handled like Ctrl-C where a command has no step boundary to stop at."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["end_group", "serve", "sigterm_interrupts"]
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While inside, SIGTERM raises KeyboardInterrupt like Ctrl-C (``timeout``, ``docker
+    stop``, Slurm and Kubernetes send SIGTERM), so one clean-up path serves both."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def serve(command: list[str]) -> int:
+    """Run the server in its own process group until it exits, or until SIGTERM or Ctrl-C
+    here, which end the whole group (the server and its workers): 143 and 0."""
+    server = subprocess.Popen(command, env=os.environ.copy(), start_new_session=True)
+    stopped: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            code = server.wait(timeout=None)
+        except BaseException:
+            stop(signal.SIGTERM, None)
+            raise
+        if stopped:
+            end_group(server.pid)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not stopped:
+        return code
+    return 143 if stopped[0] == signal.SIGTERM else 0
+
+
+def end_group(pgid: int, grace_s: float = 10.0) -> None:
+    """Wait for the process group's last members (workers that got the same SIGTERM),
+    then kill what is left."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -1,0 +1,174 @@
+"""The tracking store: opened once per process, initialised under a lock, and kept true.
+
+Two things go wrong with a shared MLflow store that MLflow itself does not handle:
+
+- **Concurrent first use.** Opening a new SQLite store creates and migrates its tables;
+  two processes doing so at once fail (``duplicate column name``, ``index ... already
+  exists``). :func:`open_store` initialises a SQLite store under a file lock beside the
+  database, so one process migrates and the others wait, then find it ready.
+- **Runs whose process died.** A run killed with SIGKILL (or by the OOM killer, or a
+  power cut) cannot close itself and would stay RUNNING forever. Every run this
+  platform creates carries its owner (host, pid and the process's start time) and a
+  heartbeat tag refreshed while it lives. :func:`reconcile` — run by
+  :func:`open_store`, so by every ``asyncrlhf`` command that touches the store — marks
+  KILLED each RUNNING run whose owner process on this host is gone, and each run of
+  another host whose heartbeat is older than :data:`STALE_AFTER_S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HEARTBEAT_TAG", "OWNER_TAG", "STALE_AFTER_S", "Heartbeat", "end_run", "open_store", "owner_tags",
+           "reconcile", "resolve_tracking_uri"]  # fmt: skip
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
+OWNER_TAG, HEARTBEAT_TAG = "asyncrlhf.owner", "asyncrlhf.heartbeat"
+HEARTBEAT_S = 60.0  # how often a live run refreshes its heartbeat
+STALE_AFTER_S = 15 * 60.0  # a run of another host with no heartbeat for this long is dead
+_opened: dict[str, Any] = {}
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """``configured``, else ``$MLFLOW_TRACKING_URI``, else the local SQLite store."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def open_store(configured: str | None = None) -> Any:
+    """An ``MlflowClient`` on the resolved store: initialised (a new SQLite store under a
+    file lock), and reconciled once per process."""
+    from mlflow import MlflowClient
+
+    uri = resolve_tracking_uri(configured)
+    if uri in _opened:
+        return _opened[uri]
+    if uri.startswith("sqlite:///"):
+        from filelock import FileLock
+
+        with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300):
+            client = MlflowClient(tracking_uri=uri)  # the store: its tables created and migrated if needed
+            client.search_experiments(max_results=1)
+    else:
+        client = MlflowClient(tracking_uri=uri)
+    reconcile(client)
+    _opened[uri] = client
+    return client
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming this process as a run's owner, and a fresh heartbeat."""
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": _process_start(os.getpid())}
+    return {OWNER_TAG: json.dumps(owner), HEARTBEAT_TAG: str(int(time.time()))}
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid
+    from the owner; None where /proc is not there."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's live process
+    return started is None or _process_start(pid) in (started, None)
+
+
+def _dead_owner(tags: dict[str, str], now: float) -> str | None:
+    """Why the run's owner is known to be gone, or None while it may live."""
+    try:
+        owner = json.loads(tags[OWNER_TAG])
+    except (KeyError, ValueError):
+        return None  # not one of ours, or from before owners were recorded
+    if owner.get("host") == socket.gethostname():
+        if _alive(int(owner["pid"]), owner.get("started")):
+            return None
+        where = f"its process {owner['pid']} on {owner['host']}"
+        return f"{where} ended without closing it (killed with SIGKILL, or crashed)"
+    beat = float(tags.get(HEARTBEAT_TAG, "0"))
+    if now - beat < STALE_AFTER_S:
+        return None
+    return f"no heartbeat from its process {owner.get('pid')} on {owner.get('host')} for {(now - beat) / 60:.0f} min"
+
+
+def reconcile(client: Any) -> list[str]:
+    """Mark KILLED every RUNNING run whose owner is gone; the ids of those marked."""
+    from mlflow.entities import ViewType
+
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    if not experiments:
+        return []
+    running = client.search_runs(experiments, "attributes.status = 'RUNNING'", max_results=5000)
+    now, marked = time.time(), []
+    for run in running:
+        why = _dead_owner(run.data.tags, now)
+        if why is not None:
+            end_run(client, run.info.run_id, "KILLED", "killed", {"error": f"reconciled: {why}"[:4000]})
+            marked.append(run.info.run_id)
+    return marked
+
+
+def end_run(client: Any, run_id: str, status: str, label: str, tags: dict[str, str] | None = None) -> None:
+    """Terminate a run as ``status`` (FINISHED, FAILED, KILLED) with its
+    ``asyncrlhf.status`` tag (``label``) and any further tags; a run deleted from the
+    store is nothing to end."""
+    from mlflow.entities import RunTag
+
+    try:
+        batch = [RunTag("asyncrlhf.status", label), *(RunTag(k, v) for k, v in (tags or {}).items())]
+        client.log_batch(run_id, tags=batch, synchronous=True)
+        client.set_terminated(run_id, status=status)
+    except Exception:
+        pass
+
+
+class Heartbeat:
+    """Refreshes the heartbeat tag of live runs from a daemon thread, so a run of
+    another host that stops beating can be told dead. ``beat(run_id)`` adds a run;
+    ``stop(run_id)`` removes it (the thread ends with the last one)."""
+
+    def __init__(self, client: Any, every_s: float = HEARTBEAT_S) -> None:
+        self.client, self.every_s = client, every_s
+        self._runs: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.add(run_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._wake.clear()
+                self._thread = threading.Thread(target=self._loop, name="asyncrlhf-heartbeat", daemon=True)
+                self._thread.start()
+
+    def stop(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.discard(run_id)
+            if not self._runs:
+                self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._wake.wait(self.every_s):
+            with self._lock:
+                runs = list(self._runs)
+            for run_id in runs:
+                with contextlib.suppress(Exception):  # the store is busy or gone: the next beat tries again
+                    self.client.set_tag(run_id, HEARTBEAT_TAG, str(int(time.time())), synchronous=True)

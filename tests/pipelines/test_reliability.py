@@ -1,0 +1,122 @@
+"""True run states and refused inputs (issue 16): reconciliation of runs whose process
+died, the store initialised once under concurrent first use, a failure before the first
+step, an interrupt before the run exists, sizes that cannot fit."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from pipelines import cli as cli_module
+from pipelines.fit import check_fits, estimate_bytes
+from pipelines.run import run_experiment
+from pipelines.spec import load_spec
+from pipelines.specfile import SpecError
+from pipelines.store import HEARTBEAT_TAG, OWNER_TAG, STALE_AFTER_S, open_store, reconcile
+from tests.pipelines.conftest import REPO, env
+
+QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+TINY = ["trainer.steps=2", "trainer.batch_size=16", "orchestrator.eval_every=1", "task.eval_size=8"]
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def owned_run(client: MlflowClient, experiment: str, host: str, pid: int, beat: float) -> str:
+    owner = json.dumps({"host": host, "pid": pid, "started": None})
+    tags = {OWNER_TAG: owner, HEARTBEAT_TAG: str(int(beat))}
+    return client.create_run(experiment, tags=tags).info.run_id
+
+
+def test_runs_whose_process_is_gone_are_marked_killed_and_live_ones_are_left(store):
+    client = MlflowClient(store)
+    experiment = client.create_experiment("owners")
+    here, now = socket.gethostname(), time.time()
+    dead = owned_run(client, experiment, here, dead_pid(), now)  # SIGKILLed: its process is gone
+    alive = owned_run(client, experiment, here, os.getpid(), now)
+    silent = owned_run(client, experiment, "elsewhere", 1, now - STALE_AFTER_S - 60)  # another host, no heartbeat
+    beating = owned_run(client, experiment, "elsewhere", 1, now)
+    foreign = client.create_run(experiment).info.run_id  # not ours: no owner, never touched
+    assert sorted(reconcile(client)) == sorted([dead, silent])
+    status = {run_id: client.get_run(run_id).info.status for run_id in (dead, alive, silent, beating, foreign)}
+    assert status == {dead: "KILLED", alive: "RUNNING", silent: "KILLED", beating: "RUNNING", foreign: "RUNNING"}
+    tags = client.get_run(dead).data.tags
+    assert tags["asyncrlhf.status"] == "killed" and "ended without closing it" in tags["error"]
+    assert "no heartbeat" in client.get_run(silent).data.tags["error"]
+
+
+def test_concurrent_first_use_of_a_new_store_initialises_it_once(tmp_path):
+    """Four processes open a store that does not exist yet, at once (unlocked, 1 of 2
+    and 3 of 4 used to fail with migration errors)."""
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    code = ("import sys; from pipelines.store import open_store; c = open_store(sys.argv[1]); "
+            "c.create_run(c.create_experiment(sys.argv[2]))")  # fmt: skip
+    processes = [subprocess.Popen([sys.executable, "-c", code, uri, f"e{i}"], cwd=REPO, env=env(),
+                                  stderr=subprocess.PIPE, text=True) for i in range(4)]  # fmt: skip
+    errors = [p.communicate(timeout=120)[1] for p in processes]
+    assert [p.returncode for p in processes] == [0] * 4, errors
+    client = MlflowClient(uri)
+    names = sorted(e.name for e in client.search_experiments())
+    assert names == ["Default", "e0", "e1", "e2", "e3"]
+
+
+def test_a_failure_after_the_run_exists_marks_it_failed(store, tmp_path):
+    """The artifact location is unwritable: spec.yaml cannot be logged (a failure before
+    the first step, which used to leave the run RUNNING)."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    client = open_store(store)
+    client.create_experiment("unwritable", artifact_location=(blocker / "artifacts").as_uri())
+    spec = load_spec(QUICKSTART, [*TINY, "tracking.experiment=unwritable"])
+    with pytest.raises(OSError):
+        run_experiment(spec)
+    experiment = client.get_experiment_by_name("unwritable").experiment_id
+    (run,) = client.search_runs([experiment])
+    assert run.info.status == "FAILED" and run.data.tags["asyncrlhf.status"] == "failed"
+    assert "Error" in run.data.tags["error"]
+
+
+def test_an_interrupt_before_the_run_exists_says_so_and_logs_nothing(store, monkeypatch):
+    def interrupted(*args, **kwargs):  # Ctrl-C while the model is being built
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("pipelines.run.build_orchestrator", interrupted)
+    args = ["run", str(QUICKSTART), *[a for o in TINY for a in ("--set", o)]]
+    result = CliRunner().invoke(cli_module.app, args)
+    assert result.exit_code == 130
+    assert "before the MLflow run was created: nothing was logged" in result.output
+    assert "marked KILLED" not in result.output
+    client = MlflowClient(store)
+    assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["rollout.group_size=1000000000", "trainer.batch_size=1000000000"], "trainer.batch_size=1000000000"),
+        (["rollout.max_new_tokens=1000000000"], "rollout.max_new_tokens=1000000000"),
+        (["model.hidden_size=1000000"], "model.hidden_size=1000000"),
+    ],
+)
+def test_sizes_that_cannot_fit_are_refused_naming_the_field(overrides, field):
+    spec = load_spec(QUICKSTART, overrides)
+    with pytest.raises(SpecError, match=rf"^{field}.*the run needs about .* of memory, more than the .* available"):
+        check_fits(spec)
+
+
+def test_the_quick_start_is_far_below_any_machine():
+    """The estimate exists to catch the absurd: the quick start asks for about 117 MB."""
+    total = sum(estimate_bytes(load_spec(QUICKSTART)).values())
+    assert 50e6 < total < 300e6
+    check_fits(load_spec(QUICKSTART), available=1 << 30)  # fits in 1 GB
