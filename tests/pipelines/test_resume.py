@@ -173,3 +173,23 @@ def test_only_the_newest_checkpoints_are_kept_and_a_half_written_one_is_invisibl
         store.save({"steps_done": step}, step, "key")
     (tmp_path / ".step-000004.tmp-99").mkdir()  # a writer killed mid-checkpoint
     assert store.steps() == [2, 3] and store.load_latest()[0] == {"steps_done": 3}
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ray_run_stops_it_like_ctrl_c(store, tmp_path):
+    """ray.init replaces the driver's SIGTERM handler with sys.exit(15): the run used to end
+    FAILED with ``SystemExit: 15`` and native stack dumps. Now it is checkpointed and KILLED."""
+    runtime = {"kind": "ray", "num_cpus": 2, "torch_threads": 1, "rollout": {"num_cpus": 0.5},
+               "trainer": {"num_cpus": 1}}  # fmt: skip
+    spec = write_spec(tmp_path, runtime=runtime, trainer={**SPEC["trainer"], "steps": 400, "checkpoint_every": 100})
+    run_id, process = start_run(spec, store)
+    while not curve(store, run_id, "loss/policy"):  # flushed metrics: the actors are training
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-2000:]
+    assert "SystemExit" not in stderr and "Fatal Python error" not in stderr and "SIGTERM" in stderr
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["asyncrlhf.status"] == "killed"
+    assert len(checkpoints(store, run_id).steps()) == 1  # written on the signal

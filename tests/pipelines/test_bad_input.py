@@ -1,0 +1,76 @@
+"""The README's bad-input table, row by row: each input exits with the code and the one
+line the table gives (``…`` stands for what varies by machine), no traceback, and no
+MLflow run. The commands run in-process through the real Typer app."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+from pipelines.sweeps.study import default_storage, driver_lock
+from tests.pipelines.conftest import REPO
+
+README = (REPO / "README.md").read_text()
+TABLE = (README.split("<!-- bad-input table -->") + [""])[1]
+ROWS = [
+    line for line in TABLE.splitlines() if line.startswith("| `asyncrlhf")
+]  # | `command` | exit | `message` |
+
+
+def parse(row: str) -> tuple[str, int, str]:
+    command, code, message = (cell.strip() for cell in row.strip("|").split(" | "))
+    return command.strip("`").removeprefix("asyncrlhf "), int(code), message.strip("`")
+
+
+def setup_files(folder: Path) -> None:
+    shutil.copy(REPO / "experiments" / "quickstart.yaml", folder / "quickstart.yaml")
+    (folder / "empty.yaml").write_text("# nothing but a comment\n")
+    (folder / "twice.yaml").write_text("name: a\ntrainer:\n  lr: 1.0e-4\n  lr: 3.0e-4\n")
+    (folder / "specs").mkdir()
+    (folder / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    good = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20)]
+    (folder / "null.jsonl").write_text("\n".join([*good[:2], '{"prompt": "1+1=", "answer": null}', *good[2:]]))
+    (folder / "one.jsonl").write_text(good[0] + "\n")
+    sweep = {"name": "seedless", "base": "quickstart.yaml", "seeds": [], "space": {"trainer.lr": [1e-4, 3e-4]}}
+    (folder / "seedless.yaml").write_text(yaml.safe_dump(sweep))
+    sweep = {"name": "busy", "base": "quickstart.yaml", "space": {"trainer.lr": [1e-4, 3e-4]}}
+    (folder / "busy.yaml").write_text(yaml.safe_dump(sweep))
+    (folder / "taken").mkdir()
+
+
+def test_the_table_has_its_rows():
+    assert len(ROWS) >= 15
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[parse(r)[0][:60] for r in ROWS])
+def test_each_bad_input_row_holds(row, store, tmp_path, monkeypatch):
+    command, code, message = parse(row)
+    setup_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
+    args = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)]
+    if args[0] == "sweep" and args[1] == "busy.yaml":  # another driver holds the study
+        with driver_lock(default_storage(store), "busy"):
+            result = CliRunner().invoke(app, args)
+    else:
+        result = CliRunner().invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and len(errors) == 1, result.output
+    pattern = ".*".join(re.escape(part) for part in message.split("…"))
+    assert re.fullmatch(pattern, errors[0]), f"\n{errors[0]}\n{message}"
+    db = Path(store.removeprefix("sqlite:///"))
+    if db.exists():
+        client = MlflowClient(store)
+        assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
+    assert os.getcwd() == str(tmp_path)
