@@ -20,7 +20,7 @@ from pipelines.sweeps.study import default_storage, driver_lock
 from tests.pipelines.conftest import REPO
 
 README = (REPO / "README.md").read_text()
-TABLE = (README.split("<!-- bad-input table -->") + [""])[1]
+TABLE = README.split("<!-- bad-input table -->")[1]
 ROWS = [
     line for line in TABLE.splitlines() if line.startswith("| `asyncrlhf")
 ]  # | `command` | exit | `message` |
