@@ -112,7 +112,7 @@ def export(
 def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None:
     from pipelines.checkpoints import CheckpointError
     from pipelines.fit import check_fits
-    from pipelines.processes import sigterm_interrupts
+    from pipelines.processes import exit_code, sigterm_interrupts
     from pipelines.run import InterruptedBeforeRun, RunInterrupted, check_resume, run_experiment
 
     try:  # before anything is shown or built
@@ -144,21 +144,21 @@ def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None
     with progress:
         task = progress.add_task(f"{label} (building the model)", total=steps, status="")
         try:
-            with sigterm_interrupts():  # SIGTERM as Ctrl-C; while training, a stop at the step's end
+            with sigterm_interrupts() as received:  # SIGTERM as Ctrl-C; while training, a stop at the step's end
                 result = run_experiment(experiment, on_metrics=on_metrics, resume=resume_id)
         except (SpecError, CheckpointError) as err:  # refused before any run was created or reopened
             errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except InterruptedBeforeRun as err:
-            errors.print(f"[yellow]interrupted[/]: {err}")
-            raise typer.Exit(143 if str(err).startswith("SIGTERM") else 130) from None
+            errors.print(f"[yellow]interrupted[/] ({received[0] if received else 'SIGINT'}) {err}")
+            raise typer.Exit(exit_code(received)) from None
         except RunInterrupted as err:
             errors.print(f"[yellow]{err}[/]: checkpointed, the MLflow run is marked KILLED; "
                          "`asyncrlhf resume RUN_ID` continues it")  # fmt: skip
             raise typer.Exit(143 if str(err).startswith("SIGTERM") else 130) from None
-        except KeyboardInterrupt as err:
+        except KeyboardInterrupt:
             errors.print("[yellow]interrupted[/]: the MLflow run is marked KILLED")
-            raise typer.Exit(143 if err.args == ("SIGTERM",) else 130) from None
+            raise typer.Exit(exit_code(received)) from None
         except Exception as err:  # the run is already marked FAILED
             errors.print(f"[bold red]run failed:[/] {type(err).__name__}: {err}", highlight=False)
             raise typer.Exit(1) from None
@@ -246,7 +246,7 @@ def sweep(
     ] = None,
 ) -> None:
     """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
-    from pipelines.processes import sigterm_interrupts
+    from pipelines.processes import exit_code, sigterm_interrupts
     from pipelines.sweeps import format_value, load_sweep, run_sweep
 
     try:
@@ -269,14 +269,14 @@ def sweep(
         console.print(f"  trial {row['number']:>3} {row['state']:<8} {value:>8}  {params}", highlight=False)
 
     try:
-        with sigterm_interrupts():  # the driver lock is taken before Ray starts: a second copy refuses at once
+        with sigterm_interrupts() as received:  # the driver lock is taken before Ray starts: a second copy refuses
             result = run_sweep(spec, base, max_trials=max_trials, on_trial=on_trial)
     except SpecError as err:
         errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    except KeyboardInterrupt as err:
+    except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]: run the same command again to resume")
-        raise typer.Exit(143 if err.args == ("SIGTERM",) else 130) from None
+        raise typer.Exit(exit_code(received)) from None
     head, cells = result.report.display()
     table = Table(title=f"{spec.name}: trials by {result.report.objective_label}")
     for column in head:

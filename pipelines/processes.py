@@ -11,22 +11,32 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["end_group", "serve", "sigterm_interrupts"]
+__all__ = ["end_group", "exit_code", "serve", "sigterm_interrupts"]
 
 
 @contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts() -> Iterator[list[str]]:
     """While inside, SIGTERM raises KeyboardInterrupt like Ctrl-C (``timeout``, ``docker
-    stop``, Slurm and Kubernetes send SIGTERM), so one clean-up path serves both."""
+    stop``, Slurm and Kubernetes send SIGTERM), so one clean-up path serves both. The list
+    yielded records the signal's name: libraries between the handler and the caller (Ray
+    waits, for one) may re-raise a bare KeyboardInterrupt, so the exit code is taken from
+    it, not from the exception."""
+    received: list[str] = []
 
     def handler(signum: int, frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield received
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def exit_code(received: list[str]) -> int:
+    """143 after SIGTERM, else 130 (Ctrl-C)."""
+    return 143 if "SIGTERM" in received else 130
 
 
 def serve(command: list[str]) -> int:

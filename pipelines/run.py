@@ -305,11 +305,9 @@ def run_experiment(
                 stack.callback(orchestrator.shutdown)
             run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore)
             history, extra = _train(spec, orchestrator, store, tracker)
-    except KeyboardInterrupt as err:
+    except KeyboardInterrupt:
         if tracker is not None and tracker.run_id is None:
-            raise InterruptedBeforeRun(
-                f"{err.args[0] if err.args else 'SIGINT'} before the MLflow run was created: nothing was logged"
-            ) from None
+            raise InterruptedBeforeRun("before the MLflow run was created: nothing was logged") from None
         raise
     final = history.final()
     final.update(extra)
