@@ -112,10 +112,8 @@ def _losses_case(params: dict[str, Any]) -> list[Figure]:
 
     device = params.get("device", "cpu")
     runs = [losses.run(params["tokens"], repeats=params["repeats"], device=device) for _ in range(params["rounds"])]
-    return [
-        Figure.of("losses.m2po_vs_ppo", [r["m2po_vs_ppo"] for r in runs], "lower", note="fwd+bwd time ratio"),
-        Figure.of("losses.grpo_vs_ppo", [r["grpo_vs_ppo"] for r in runs], "lower", note="fwd+bwd time ratio"),
-    ]
+    names = ("m2po_vs_ppo", "m2po_trust_region_vs_ppo", "m2po_token_vs_ppo", "grpo_vs_ppo")
+    return [Figure.of(f"losses.{name}", [r[name] for r in runs], "lower", note="fwd+bwd time ratio") for name in names]
 
 
 def _buffer_case(params: dict[str, Any]) -> list[Figure]:

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from pipelines.specfile import _Section
 
-__all__ = ["ALGORITHM_NAMES", "AlgorithmSpec", "GRPOSpec", "M2POSpec", "PPOSpec"]
+__all__ = ["ALGORITHM_NAMES", "AlgorithmSpec", "GRPOSpec", "GSPOSpec", "M2POSpec", "PPOSpec"]
 
 
 def _loss_default(name: str, option: str) -> Any:
@@ -25,9 +25,17 @@ def _loss_default(name: str, option: str) -> Any:
     return inspect.signature(get_policy_loss(name)).parameters[option].default
 
 
+LossAggName = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
 class _AlgorithmSpec(_Section):
     name: str = Field(description="Policy loss (a registered name).")
     scale_advantages: bool = Field(True, description="Divide group advantages by their std (False: Dr. GRPO).")
+    loss_agg: LossAggName = Field(
+        "token-mean",
+        description="How per-token losses reduce to a scalar; token-mean for every objective by default, so they "
+        "differ only in what they are meant to ('seq-mean-token-sum-norm' divides by rollout.max_new_tokens).",
+    )
 
     @property
     def uses_reference(self) -> bool:
@@ -44,6 +52,7 @@ class PPOSpec(_AlgorithmSpec):
 
     name: Literal["ppo"] = Field("ppo", description="Policy loss.")
     clip_eps: float = Field(_loss_default("ppo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
+    clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher's upper ε (None: clip_eps).")
 
 
 class M2POSpec(_AlgorithmSpec):
@@ -53,15 +62,24 @@ class M2POSpec(_AlgorithmSpec):
     m2_threshold: float = Field(
         _loss_default("m2po", "m2_threshold"), ge=0, description="Bound τ on the mean (log r)² of kept tokens."
     )
-    m2_mode: Literal["batch", "token"] = Field(
-        _loss_default("m2po", "mode"), description="The paper's batch rule, or the per-token variant."
+    m2_mode: Literal["trust_region", "batch", "token"] = Field(
+        _loss_default("m2po", "mode"),
+        description="'trust_region': the authors' released code (an adaptive clip over trust-region tokens); "
+        "'batch': the paper's Algorithm 1 (drop the largest (log r)²); 'token': the per-token variant.",
     )
-    m2_clip: bool = Field(False, description="Also apply the PPO clip with clip_eps (the paper does not).")
+    m2_clip: bool = Field(False, description="batch mode: also apply the PPO clip with clip_eps (the paper does not).")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="Clip range ε when clipping (m2_clip, or mode 'token').")
+    min_clip_low: float = Field(
+        _loss_default("m2po", "min_clip_low"), ge=0, lt=1, description="trust_region: clip never tighter than 1 − this."
+    )
+    min_clip_high: float = Field(
+        _loss_default("m2po", "min_clip_high"), ge=0, description="trust_region: clip never tighter than 1 + this."
+    )
 
     def loss_options(self) -> dict[str, Any]:
         clip = self.clip_eps if self.m2_clip or self.m2_mode == "token" else None
-        return {"m2_threshold": self.m2_threshold, "mode": self.m2_mode, "clip_eps": clip}
+        options = self.model_dump(include={"m2_threshold", "min_clip_low", "min_clip_high", "loss_agg"})
+        return {**options, "mode": self.m2_mode, "clip_eps": clip}
 
 
 class GRPOSpec(_AlgorithmSpec):
@@ -72,15 +90,23 @@ class GRPOSpec(_AlgorithmSpec):
     kl_coef: float = Field(
         _loss_default("grpo", "kl_coef"), ge=0, description="Weight of the k3 KL to the frozen initial policy."
     )
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        _loss_default("grpo", "loss_agg"), description="How per-token losses reduce to a scalar."
-    )
+    clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher's upper ε (None: clip_eps).")
 
     @property
     def uses_reference(self) -> bool:
         return self.kl_coef > 0
 
 
+class GSPOSpec(_AlgorithmSpec):
+    """GSPO: the clip on a length-normalised sequence ratio (arXiv 2507.18071)."""
+
+    name: Literal["gspo"] = Field("gspo", description="Policy loss.")
+    clip_eps: float = Field(_loss_default("gspo", "clip_eps"), gt=0, lt=1, description="ε_low of the sequence clip.")
+    clip_eps_high: float | None = Field(
+        _loss_default("gspo", "clip_eps_high"), gt=0, lt=1, description="ε_high of the sequence clip."
+    )
+
+
 # One model per algorithm, chosen by `name`; adding an objective adds one model here.
-AlgorithmSpec = Annotated[PPOSpec | M2POSpec | GRPOSpec, Field(discriminator="name")]
-ALGORITHM_NAMES = ("grpo", "ppo", "m2po")
+AlgorithmSpec = Annotated[PPOSpec | M2POSpec | GRPOSpec | GSPOSpec, Field(discriminator="name")]
+ALGORITHM_NAMES = ("grpo", "ppo", "m2po", "gspo")

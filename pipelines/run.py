@@ -112,8 +112,11 @@ def build_task(spec: ExperimentSpec, tokenizer: Any) -> Any:
 def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
     algo = spec.algorithm
     ref_model = copy.deepcopy(model) if algo.uses_reference else None
+    options = algo.loss_options()
+    if options.get("loss_agg") == "seq-mean-token-sum-norm":
+        options["norm_length"] = spec.rollout.max_new_tokens  # Dr. GRPO's constant: the generation budget
     return TrainerWorker(
-        model, tokenizer.pad_token_id, algo.name, algo.loss_options(), spec.trainer.to_optim(),
+        model, tokenizer.pad_token_id, algo.name, options, spec.trainer.to_optim(),
         temperature=spec.rollout.temperature, ref_model=ref_model, seed=spec.seed,
     )  # fmt: skip
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from asyncrlhf._checks import check_float, check_rank, check_same_shape, check_tensor
 
-__all__ = ["PolicyInputs", "check_clip_eps", "masked_mean", "prepare_inputs", "ratio_metrics", "to_floats"]
+__all__ = ["LOSS_AGGS", "LossAgg", "PolicyInputs", "aggregate", "check_clip_eps", "check_loss_agg", "clipped_surrogate",
+           "masked_mean", "prepare_inputs", "ratio_metrics", "to_floats"]  # fmt: skip
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass(slots=True)
@@ -97,3 +103,69 @@ def check_clip_eps(clip_eps: float) -> float:
     if isinstance(clip_eps, bool) or not isinstance(clip_eps, int | float) or not 0.0 < clip_eps < 1.0:
         raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps!r}")
     return float(clip_eps)
+
+
+def check_loss_agg(loss_agg: str, norm_length: int | None) -> None:
+    """A known aggregation; ``seq-mean-token-sum-norm`` needs its constant ``norm_length``."""
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if loss_agg == "seq-mean-token-sum-norm" and (
+        isinstance(norm_length, bool) or not isinstance(norm_length, int) or norm_length < 1
+    ):
+        raise ValueError(
+            "loss_agg='seq-mean-token-sum-norm' divides by a constant: give norm_length, the generation budget "
+            f"(max_new_tokens), a positive integer; got {norm_length!r}"
+        )
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg = "token-mean", norm_length: int | None = None
+) -> torch.Tensor:
+    """Reduce a (B, L) per-token loss to a scalar.
+
+    ``token-mean``: every valid token weighs the same across the batch (verl's default,
+    and M2PO's).
+    ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (the
+    original GRPO).
+    ``seq-mean-token-sum-norm``: mean over sequences of token sums divided by the
+    constant ``norm_length``, the generation budget (Dr. GRPO: no length bias). A
+    constant, not the batch's padded width, so padding never changes the loss.
+
+    Example:
+        >>> per_token, mask = torch.ones(2, 4), torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1]])
+        >>> aggregate(per_token, mask, "seq-mean-token-sum-norm", norm_length=8).item()
+        0.375
+    """
+    check_loss_agg(loss_agg, norm_length)
+    if loss_agg == "token-mean":
+        return masked_mean(per_token, mask)
+    if loss_agg == "seq-mean-token-mean":
+        has_tokens = (mask.sum(dim=1) > 0).to(mask.dtype)  # (B,)
+        per_seq = masked_mean(per_token, mask, dim=1)  # (B,)
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+    per_seq = (per_token * mask).sum(dim=1) / float(norm_length)  # (B,)
+    return per_seq.mean() if per_seq.numel() else per_seq.sum()
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``min(r·A, clip(r, low, high)·A)`` and where the clipped branch binds.
+
+    The bound is decided on the log-ratio, and a token whose clip binds gets the
+    constant ``bound·A`` without ever forming its ratio: a ratio that overflows
+    (``old_logprobs = -inf``, a log-ratio of 100) then gives a finite loss and gradient
+    instead of ``0·inf = NaN``. ``low < 1 < high``; ``high = inf`` leaves the upper side
+    unclipped.
+
+    Returns:
+        ``(objective, clipped)``, both (B, L); ``clipped`` is True where clipping lowered
+        the objective (the token gives no gradient).
+    """
+    up = (advantages > 0) & (log_ratio > math.log(high))
+    down = (advantages < 0) & (log_ratio < (math.log(low) if low > 0 else -math.inf))
+    clipped = up | down
+    ratio = torch.exp(torch.where(clipped, torch.zeros_like(log_ratio), log_ratio))
+    bound = torch.where(advantages > 0, torch.full_like(ratio, high), torch.full_like(ratio, low))
+    objective = torch.where(clipped, bound * advantages, ratio * advantages)
+    return objective, clipped

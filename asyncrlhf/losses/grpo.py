@@ -11,19 +11,24 @@ KL to a frozen reference with Schulman's k3 estimator, exp(q − p) − (q − p
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 
 from asyncrlhf._checks import check_float, check_positive_int, check_rank, check_same_shape, check_tensor
-from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
-from asyncrlhf.losses.ppo import clipped_surrogate
+from asyncrlhf.losses._common import (
+    LossAgg,
+    aggregate,
+    check_clip_eps,
+    check_loss_agg,
+    clipped_surrogate,
+    masked_mean,
+    prepare_inputs,
+    ratio_metrics,
+    to_floats,
+)
 from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages", "group_advantages_scalar"]
-
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-_LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8, scale: bool = True) -> torch.Tensor:
@@ -81,26 +86,6 @@ def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool
     return [c / (std + eps) for c in centred]
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg) -> torch.Tensor:
-    """Reduce a (B, L) per-token loss to a scalar.
-
-    ``token-mean``: every valid token weighs the same across the batch.
-    ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
-    ``seq-mean-token-sum-norm``: mean over sequences of token sums divided by the
-    constant L (Dr. GRPO: no length bias).
-    """
-    if loss_agg == "token-mean":
-        return masked_mean(per_token, mask)
-    if loss_agg == "seq-mean-token-mean":
-        has_tokens = (mask.sum(dim=1) > 0).to(mask.dtype)  # (B,)
-        per_seq = masked_mean(per_token, mask, dim=1)  # (B,)
-        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
-    if loss_agg == "seq-mean-token-sum-norm":
-        per_seq = (per_token * mask).sum(dim=1) / max(per_token.shape[1], 1)  # (B,)
-        return per_seq.mean() if per_seq.numel() else per_seq.sum()
-    raise ValueError(f"loss_agg must be one of {_LOSS_AGGS}, got {loss_agg!r}")
-
-
 @register_policy_loss("grpo")
 def compute_grpo_loss(
     logprobs: torch.Tensor,
@@ -110,7 +95,9 @@ def compute_grpo_loss(
     clip_eps: float = 0.2,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    loss_agg: LossAgg = "seq-mean-token-mean",
+    loss_agg: LossAgg = "token-mean",
+    norm_length: int | None = None,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO loss: clipped surrogate on per-sequence advantages, plus k3 KL.
 
@@ -123,19 +110,24 @@ def compute_grpo_loss(
         clip_eps: ε of the clip range.
         ref_logprobs: Tensor[B, L] of a frozen reference policy, for the KL term.
         kl_coef: weight β of the KL term; used only with ``ref_logprobs``.
-        loss_agg: how per-token losses reduce to a scalar (see :func:`aggregate`).
+        loss_agg: how per-token losses reduce to a scalar (see :func:`aggregate`);
+            token-mean by default, as for every objective here (the original GRPO is
+            ``seq-mean-token-mean``).
+        norm_length: the constant divisor of ``seq-mean-token-sum-norm``: the
+            generation budget (``max_new_tokens``).
+        clip_eps_high: clip-higher's own upper ε (None: ``clip_eps``).
 
     Returns:
         ``(loss, metrics)`` with ``clip_frac``, ratio statistics, ``m2``, ``approx_kl``
         and ``kl`` (the mean k3 KL to the reference; 0 without one).
     """
     clip_eps = check_clip_eps(clip_eps)
-    if loss_agg not in _LOSS_AGGS:
-        raise ValueError(f"loss_agg must be one of {_LOSS_AGGS}, got {loss_agg!r}")
+    high = clip_eps if clip_eps_high is None else check_clip_eps(clip_eps_high)
+    check_loss_agg(loss_agg, norm_length)
     if isinstance(kl_coef, bool) or not isinstance(kl_coef, int | float) or kl_coef < 0:
         raise ValueError(f"kl_coef must be a non-negative number, got {kl_coef!r}")
     inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
-    objective, clipped = clipped_surrogate(inputs.ratio, inputs.advantages, clip_eps)
+    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + high)
     per_token = -objective  # (B, L)
 
     kl = torch.zeros((), device=logprobs.device, dtype=logprobs.dtype)
@@ -149,7 +141,7 @@ def compute_grpo_loss(
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl_per_token
 
-    loss = aggregate(per_token, inputs.mask, loss_agg)
+    loss = aggregate(per_token, inputs.mask, loss_agg, norm_length)
     metrics = ratio_metrics(inputs)
     metrics["clip_frac"] = masked_mean(clipped.to(inputs.mask.dtype), inputs.mask)
     metrics["kl"] = kl

@@ -9,22 +9,50 @@ second moment of the log-ratio, M2 = mean (log r)², by masking the fewest extre
 tokens: drop the token with the largest (log r)² until the mean over the kept tokens
 is ≤ τ_M2, then optimise the unclipped r·A over the kept tokens.
 
-``mode="token"`` is the simpler per-token variant this project's seed described: keep
-tokens with r² < threshold and apply the PPO clip on top.
+Three rules, chosen by ``mode``:
+
+- ``"trust_region"``: the authors' released code (Infini-AI-Lab/M2PO, a verl fork:
+  ``_get_trust_region_tokens_delta_sq``, ``kpo_clip_harmful_tokens`` and
+  ``compute_m2po_policy_loss`` in ``verl/trainer/ppo/core_algos.py``). Only the
+  trust-region tokens count, those a PPO clip could bind: A > 0 with r > 1, or A < 0
+  with r < 1. If their mean (log r)² exceeds the budget τ, a cap τ* on |log r| is solved
+  so that the capped mean meets it, and applied as an adaptive PPO clip
+  [e^−τ*, e^τ*], widened to at least [1 − 0.3, 1 + 0.5] (the code's ``miniclip``
+  floors); within budget nothing is clipped. Token-mean over all valid tokens.
+- ``"batch"``: the paper's Algorithm 1 as written (and AReaL's): drop the valid tokens
+  with the largest (log r)², whatever the advantage's sign, until the mean over the kept
+  ones is ≤ τ; optimise the unclipped r·A over the kept tokens.
+- ``"token"``: the simpler per-token variant this project's seed described: keep tokens
+  with r² < threshold and apply the PPO clip on top.
+
+A dropped or clipped token's ratio is never formed (its log-ratio is zeroed before
+``exp``), so an overflowing ratio gives a finite loss and gradient in every mode.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Literal
 
 import torch
 
-from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
-from asyncrlhf.losses.ppo import clipped_surrogate
+from asyncrlhf.losses._common import (
+    LossAgg,
+    aggregate,
+    check_clip_eps,
+    check_loss_agg,
+    clipped_surrogate,
+    masked_mean,
+    prepare_inputs,
+    ratio_metrics,
+    to_floats,
+)
 from asyncrlhf.losses.registry import register_policy_loss
 
-__all__ = ["compute_m2po_loss", "m2po_mask"]
+__all__ = ["compute_m2po_loss", "m2po_mask", "trust_region_cap"]
+
+_EPS = 1e-12  # the authors' tolerance, throughout
 
 
 def _check_threshold(m2_threshold: float) -> float:
@@ -92,6 +120,67 @@ def _kept(inputs: Any, mode: str, m2_threshold: float) -> torch.Tensor:
         return valid & (inputs.ratio.square() < m2_threshold)
 
 
+@torch.no_grad()
+def trust_region_cap(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, budget: float
+) -> tuple[float, float, float]:
+    """The authors' cap on |log r| over trust-region tokens (A > 0, r > 1 or A < 0, r < 1).
+
+    With v the ascending (log r)² of those n tokens and S = budget·n, the released code
+    walks the breakpoints for the first k with (v_k − ε)(n − k − 1) + Σ_{i≤k} v_i ≥ S − ε
+    and takes τ* = √(v_{k−1} − ε) (0 when k = 0): the largest breakpoint below the exact
+    cap, so slightly tighter than ``Σ min(v, τ²) = S``. Done here in one sort and one
+    cumulative sum instead of a Python loop.
+
+    Returns:
+        ``(tau, m2, m2_after)``: the cap (``inf`` when the budget is met: no clip), the
+        trust-region tokens' mean (log r)² before and after capping.
+    """
+    valid = mask > 0
+    harmful = valid & (((advantages > _EPS) & (log_ratio > _EPS)) | ((advantages < -_EPS) & (log_ratio < -_EPS)))
+    v = log_ratio.detach().double()[harmful].square()  # (n,)
+    n = v.numel()
+    if n == 0:
+        return math.inf, 0.0, 0.0
+    total = float(v.sum())
+    m2 = total / n
+    if m2 <= budget + _EPS:
+        return math.inf, m2, m2
+    target = budget * n
+    if target <= _EPS:
+        return 0.0, m2, 0.0
+    v, _ = torch.sort(v)
+    csum = torch.cumsum(v, 0)
+    rest = torch.arange(n - 1, -1, -1, device=v.device, dtype=v.dtype)  # n − k − 1
+    spread = torch.where(rest > 0, (v - _EPS) * rest, torch.zeros_like(v))  # no inf·0 for an infinite last value
+    reached = spread + csum >= target - _EPS
+    if not bool(reached.any()):
+        return math.inf, m2, m2
+    k = int(torch.argmax(reached.to(torch.uint8)))
+    if k == 0:
+        return 0.0, m2, total / n
+    cap2 = float(v[k - 1])
+    m2_after = (cap2 * (n - k) + float(csum[k - 1])) / n
+    return math.sqrt(max(cap2 - _EPS, 0.0)), m2, m2_after
+
+
+def _trust_region(
+    inputs: Any, m2_threshold: float, min_clip_low: float, min_clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token objective and clip flags of ``mode="trust_region"``, and its metrics."""
+    tau, m2, m2_after = trust_region_cap(inputs.log_ratio, inputs.advantages, inputs.mask, m2_threshold)
+    if math.isinf(tau):
+        low, high = 0.0, math.inf  # within budget: no clip
+    else:
+        low = 1.0 - max(1.0 - math.exp(-tau), min_clip_low)
+        high = 1.0 + max(math.expm1(tau), min_clip_high)
+    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, low, high)
+    device, dtype = inputs.mask.device, inputs.mask.dtype
+    stats = {"m2_trust_region": m2, "m2_kept": m2_after, "tau": tau if math.isfinite(tau) else -1.0,
+             "clip_low": low, "clip_high": high if math.isfinite(high) else -1.0}  # fmt: skip
+    return objective, clipped, {k: torch.tensor(v, device=device, dtype=dtype) for k, v in stats.items()}
+
+
 @register_policy_loss("m2po")
 def compute_m2po_loss(
     logprobs: torch.Tensor,
@@ -99,8 +188,12 @@ def compute_m2po_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor | None = None,
     m2_threshold: float = 0.04,
-    mode: Literal["batch", "token"] = "batch",
+    mode: Literal["trust_region", "batch", "token"] = "batch",
     clip_eps: float | None = None,
+    min_clip_low: float = 0.3,
+    min_clip_high: float = 0.5,
+    loss_agg: LossAgg = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """M2PO loss.
 
@@ -109,40 +202,81 @@ def compute_m2po_loss(
         old_logprobs: Tensor[B, L], behaviour policy log-probs.
         advantages: Tensor[B] or Tensor[B, L].
         mask: bool/float Tensor[B, L] of valid tokens, or None.
-        m2_threshold: ``batch``: τ_M2 bounding mean (log r)² of kept tokens (paper:
-            0.04). ``token``: bound on r² per token; must exceed 1 or every on-policy
-            token (r = 1) is masked.
-        mode: ``"batch"`` (the paper's rule) or ``"token"`` (the seed's variant).
-        clip_eps: optional PPO clip on top; ``token`` mode defaults it to 0.2.
+        m2_threshold: ``trust_region`` and ``batch``: the budget τ on mean (log r)²
+            (paper: 0.04). ``token``: bound on r² per token; must exceed 1 or every
+            on-policy token (r = 1) is masked.
+        mode: ``"trust_region"`` (the authors' code), ``"batch"`` (the paper's
+            Algorithm 1) or ``"token"`` (the seed's variant); see the module docstring.
+        clip_eps: ``batch``/``token``: optional PPO clip on top (``token`` defaults it
+            to 0.2). ``trust_region`` sets its own clip.
+        min_clip_low, min_clip_high: ``trust_region``: the clip is never tighter than
+            [1 − min_clip_low, 1 + min_clip_high] (the authors' ``miniclip`` floors).
+        loss_agg, norm_length: how per-token losses reduce (see
+            :func:`~asyncrlhf.losses.aggregate`); over all valid tokens, dropped ones
+            counting zero (``token`` mode: over the kept tokens).
 
     Returns:
-        ``(loss, metrics)``: ``batch`` gives −Σ kept·r·A / (number of valid tokens);
-        ``token`` gives −Σ kept·min(r·A, clip(r)·A) / max(1, Σ kept). Metrics add
-        ``masked_frac`` (share of valid tokens dropped), ``m2_kept`` and ``clip_frac``.
+        ``(loss, metrics)``; metrics add ``masked_frac`` (share of valid tokens dropped),
+        ``m2_kept`` (mean (log r)² of what is optimised: the kept tokens, or the capped
+        trust-region tokens) and ``clip_frac``; ``trust_region`` adds
+        ``m2_trust_region``, ``tau`` and the ratio bounds ``clip_low``/``clip_high``
+        (−1: unbounded).
     """
     m2_threshold = _check_threshold(m2_threshold)
-    if mode not in ("batch", "token"):
-        raise ValueError(f"mode must be 'batch' or 'token', got {mode!r}")
-    if mode == "token" and clip_eps is None:
-        clip_eps = 0.2
+    _check_options(mode, loss_agg, norm_length, min_clip_low, min_clip_high)
+    inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    metrics = ratio_metrics(inputs)
+    if mode == "trust_region":
+        objective, clipped, extra = _trust_region(inputs, m2_threshold, min_clip_low, min_clip_high)
+        loss = aggregate(-objective, inputs.mask, loss_agg, norm_length)
+        metrics.update(extra)
+        metrics["masked_frac"] = torch.zeros((), device=inputs.mask.device)
+        metrics["clip_frac"] = masked_mean(clipped.to(inputs.mask.dtype), inputs.mask)
+    else:
+        if mode == "token" and clip_eps is None:
+            clip_eps = 0.2
+        loss = _masked(inputs, mode, m2_threshold, clip_eps, loss_agg, norm_length, metrics)
+    return loss, to_floats(metrics)
+
+
+def _check_options(
+    mode: str, loss_agg: str, norm_length: int | None, min_clip_low: float, min_clip_high: float
+) -> None:
+    if mode not in ("trust_region", "batch", "token"):
+        raise ValueError(f"mode must be 'trust_region', 'batch' or 'token', got {mode!r}")
+    check_loss_agg(loss_agg, norm_length)
+    for name, value, top in (("min_clip_low", min_clip_low, 1.0), ("min_clip_high", min_clip_high, math.inf)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < top:
+            raise ValueError(f"{name} must be a number in [0, {top:g}), got {value!r}")
+
+
+def _masked(
+    inputs: Any,
+    mode: str,
+    m2_threshold: float,
+    clip_eps: float | None,
+    loss_agg: LossAgg,
+    norm_length: int | None,
+    metrics: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """The loss of the ``batch`` and ``token`` rules (their metrics added to ``metrics``)."""
     if clip_eps is not None:
         clip_eps = check_clip_eps(clip_eps)
-    inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
-    keep_f = _kept(inputs, mode, m2_threshold).to(inputs.mask.dtype)
-
+    keep = _kept(inputs, mode, m2_threshold)
+    keep_f = keep.to(inputs.mask.dtype)
+    # A dropped token's ratio is never formed: an overflowing one cannot turn 0·inf into NaN.
+    log_ratio = torch.where(keep, inputs.log_ratio, torch.zeros_like(inputs.log_ratio))
     if clip_eps is None:
-        objective = inputs.ratio * inputs.advantages  # (B, L), unclipped as in the paper
-        clipped = torch.zeros_like(keep_f, dtype=torch.bool)
+        objective = torch.exp(log_ratio) * inputs.advantages  # (B, L), unclipped as in the paper
+        clipped = torch.zeros_like(keep)
     else:
-        objective, clipped = clipped_surrogate(inputs.ratio, inputs.advantages, clip_eps)
+        objective, clipped = clipped_surrogate(log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + clip_eps)
+    per_token = -torch.where(keep, objective, torch.zeros_like(objective))
     # The paper normalises by all valid tokens, so masking shrinks the step; the
     # token variant renormalises over the kept tokens.
-    normaliser = inputs.mask.sum() if mode == "batch" else keep_f.sum()
-    loss = -(objective * keep_f).sum() / normaliser.clamp_min(1.0)
-
-    metrics = ratio_metrics(inputs)
+    loss = aggregate(per_token, inputs.mask if mode == "batch" else keep_f, loss_agg, norm_length)
     with torch.no_grad():
         metrics["masked_frac"] = (inputs.mask.sum() - keep_f.sum()) / inputs.mask.sum().clamp_min(1.0)
-        metrics["m2_kept"] = masked_mean(inputs.log_ratio.square(), keep_f)
+        metrics["m2_kept"] = masked_mean(log_ratio.square(), keep_f)
         metrics["clip_frac"] = masked_mean(clipped.to(keep_f.dtype), keep_f)
-    return loss, to_floats(metrics)
+    return loss

@@ -9,24 +9,20 @@ from __future__ import annotations
 
 import torch
 
-from asyncrlhf.losses._common import check_clip_eps, masked_mean, prepare_inputs, ratio_metrics, to_floats
+from asyncrlhf.losses._common import (
+    LossAgg,
+    aggregate,
+    check_clip_eps,
+    check_loss_agg,
+    clipped_surrogate,
+    masked_mean,
+    prepare_inputs,
+    ratio_metrics,
+    to_floats,
+)
 from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["clipped_surrogate", "compute_ppo_loss"]
-
-
-def clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``min(r·A, clip(r)·A)`` and where the clipped branch was taken.
-
-    Returns:
-        ``(objective, clipped)``, both (B, L); ``clipped`` is True where clipping lowered
-        the objective (the token gives no gradient).
-    """
-    unclipped = ratio * advantages  # (B, L)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages  # (B, L)
-    return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
 @register_policy_loss("ppo")
@@ -36,8 +32,11 @@ def compute_ppo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor | None = None,
     clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    loss_agg: LossAgg = "token-mean",
+    norm_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped PPO loss, the masked token mean over the batch.
+    """Clipped PPO loss, by default the masked token mean over the batch.
 
     Args:
         logprobs: Tensor[B, L], current policy log-probs (carries the gradient).
@@ -45,6 +44,10 @@ def compute_ppo_loss(
         advantages: Tensor[B] (per sequence) or Tensor[B, L] (per token).
         mask: bool/float Tensor[B, L], True on valid tokens; None means all valid.
         clip_eps: ε of the clip range [1 − ε, 1 + ε].
+        clip_eps_high: an upper ε of its own, [1 − ε, 1 + ε_high] ("clip-higher",
+            DAPO, arXiv:2503.14476); None: ``clip_eps``.
+        loss_agg, norm_length: how per-token losses reduce (see
+            :func:`~asyncrlhf.losses.aggregate`).
 
     Returns:
         ``(loss, metrics)`` with metrics ``clip_frac``, ``ratio_mean``, ``ratio_max``,
@@ -57,9 +60,11 @@ def compute_ppo_loss(
         (-2.0, 0.0)
     """
     clip_eps = check_clip_eps(clip_eps)
+    high = clip_eps if clip_eps_high is None else check_clip_eps(clip_eps_high)
+    check_loss_agg(loss_agg, norm_length)
     inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
-    objective, clipped = clipped_surrogate(inputs.ratio, inputs.advantages, clip_eps)
-    loss = -masked_mean(objective, inputs.mask)
+    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + high)
+    loss = aggregate(-objective, inputs.mask, loss_agg, norm_length)
     metrics = ratio_metrics(inputs)
     metrics["clip_frac"] = masked_mean(clipped.to(inputs.mask.dtype), inputs.mask)
     return loss, to_floats(metrics)

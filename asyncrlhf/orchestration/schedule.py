@@ -135,10 +135,13 @@ def train_on(trainer: Any, experiences: list[Experience], buffer: Any) -> tuple[
     staleness = [version - e.policy_version for e in experiences]
     metrics = trainer.step(experiences)
     stats = buffer.stats()
+    # Versions count trainer steps; the M2PO paper's staleness s counts optimiser updates.
+    updates_per_step = getattr(trainer, "ppo_epochs", 1) * getattr(trainer, "mini_batches", 1)
     metrics.update(
         {
             "reward/mean": sum(e.reward for e in experiences) / len(experiences),
             "staleness/mean": sum(staleness) / len(staleness),
+            "staleness/updates": updates_per_step * sum(staleness) / len(staleness),
             "staleness/max": float(max(staleness)),
             "buffer/size": float(stats["size"]),
             "buffer/evicted_stale": float(stats["evicted_stale"]),

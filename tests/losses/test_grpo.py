@@ -18,13 +18,31 @@ MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
     [
         ("token-mean", (-1 * 3 + 1 * 1) / 4),  # all valid tokens weigh the same: −0.5
         ("seq-mean-token-mean", (-1 + 1) / 2),  # each sequence's own mean: 0
-        ("seq-mean-token-sum-norm", (-3 / 3 + 1 / 3) / 2),  # token sums over constant L = 3: −1/3
+        ("seq-mean-token-sum-norm", (-3 / 5 + 1 / 5) / 2),  # token sums over the budget 5: −0.2
     ],
 )
 def test_loss_aggregations(loss_agg, expected):
-    loss, metrics = compute_grpo_loss(LP, LP, ADV, MASK, loss_agg=loss_agg)
+    loss, metrics = compute_grpo_loss(LP, LP, ADV, MASK, loss_agg=loss_agg, norm_length=5)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert metrics["kl"] == 0.0
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_no_aggregation_changes_with_extra_padding(loss_agg):
+    """Dr. GRPO's sum-norm divides by a constant (the generation budget), not by the
+    batch's padded width: padding a 2×4 batch to 2×8 used to halve the loss."""
+    lp, old = torch.tensor([[-0.5, -1.0, -0.2, 0.0], [-0.3, 0.0, 0.0, 0.0]]), torch.full((2, 4), -0.6)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    pad = torch.zeros(2, 4)
+    wide = [torch.cat([t, pad], dim=1) for t in (lp, old, mask)]
+    narrow_loss, _ = compute_grpo_loss(lp, old, ADV, mask, loss_agg=loss_agg, norm_length=5)
+    wide_loss, _ = compute_grpo_loss(wide[0], wide[1], ADV, wide[2].int(), loss_agg=loss_agg, norm_length=5)
+    assert wide_loss.item() == pytest.approx(narrow_loss.item(), abs=1e-7)
+
+
+def test_sum_norm_needs_its_constant():
+    with pytest.raises(ValueError, match="norm_length"):
+        compute_grpo_loss(LP, LP, ADV, MASK, loss_agg="seq-mean-token-sum-norm")
 
 
 def test_k3_kl_to_the_reference():

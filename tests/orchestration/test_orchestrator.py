@@ -12,7 +12,7 @@ from tests.helpers import even_first_token, small_model
 VOCABULARY = {
     "reward/mean", "loss/policy", "loss/kl", "policy/clip_frac", "policy/ratio_max", "staleness/mean",
     "staleness/max", "buffer/size", "buffer/evicted_stale", "perf/samples_per_s", "perf/gen_tokens_per_s",
-    "time/step_s",
+    "time/step_s", "staleness/updates",
 }  # fmt: skip
 
 
@@ -139,3 +139,22 @@ def test_the_schedule_says_which_weights_each_batch_uses_and_what_to_keep():
     assert sync.bound == 0 and all(sync.publishes_after(v) for v in range(1, 5))
     assert [s for s in range(6) if Schedule(eval_every=2).evaluates_after(s)] == [1, 3, 5]
     assert Schedule(prompts_per_step=4, lag=3, mode="lagged").make_buffer(VersionManager()).max_groups == 4 * 5
+
+
+def test_staleness_is_also_logged_in_optimiser_updates():
+    """Versions count trainer steps; ``staleness/updates`` counts optimiser updates
+    (epochs × mini-batches per step), the M2PO paper's s."""
+    from asyncrlhf.buffers import BoundedReplayBuffer
+    from asyncrlhf.orchestration.schedule import train_on
+    from tests.buffers.helpers import make_exp
+
+    class Trainer:
+        version, ppo_epochs, mini_batches = 5, 2, 4
+
+        def step(self, experiences):  # type: ignore[no-untyped-def]
+            return {}
+
+    experiences = [make_exp(version=v) for v in (5, 4, 1)]  # staleness 0, 1, 4: mean 5/3
+    metrics, staleness = train_on(Trainer(), experiences, BoundedReplayBuffer(4))
+    assert staleness == [0, 1, 4] and metrics["staleness/mean"] == pytest.approx(5 / 3)
+    assert metrics["staleness/updates"] == pytest.approx(8 * 5 / 3)

@@ -21,9 +21,7 @@ from tests.pipelines.conftest import REPO
 
 README = (REPO / "README.md").read_text()
 TABLE = README.split("<!-- bad-input table -->")[1]
-ROWS = [
-    line for line in TABLE.splitlines() if line.startswith("| `asyncrlhf")
-]  # | `command` | exit | `message` |
+ROWS = [line for line in TABLE.splitlines() if line.startswith("| `asyncrlhf")]  # | `command` | exit | `message` |
 
 
 def parse(row: str) -> tuple[str, int, str]:
