@@ -15,7 +15,7 @@ from pydantic import Field
 
 from pipelines.specfile import _Section
 
-__all__ = ["ALGORITHM_NAMES", "AlgorithmSpec", "GRPOSpec", "GSPOSpec", "M2POSpec", "PPOSpec"]
+__all__ = ["ALGORITHM_NAMES", "AlgorithmSpec", "DecoupledPPOSpec", "GRPOSpec", "GSPOSpec", "M2POSpec", "PPOSpec"]
 
 
 def _loss_default(name: str, option: str) -> Any:
@@ -107,6 +107,19 @@ class GSPOSpec(_AlgorithmSpec):
     )
 
 
+class DecoupledPPOSpec(_AlgorithmSpec):
+    """Decoupled PPO: the clip around the proximal policy, a behaviour weight for staleness
+    (AReaL, arXiv 2505.24298)."""
+
+    name: Literal["decoupled_ppo"] = Field("decoupled_ppo", description="Policy loss.")
+    clip_eps: float = Field(_loss_default("decoupled_ppo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
+    clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher's upper ε (None: clip_eps).")
+    behav_cap: float | None = Field(None, gt=0, description="Cap on the behaviour weight π_prox/π_behav (None: none).")
+    behav_cap_mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="'truncate': min(w, cap) (truncated IS); 'mask': drop tokens above the cap (AReaL)."
+    )
+
+
 # One model per algorithm, chosen by `name`; adding an objective adds one model here.
-AlgorithmSpec = Annotated[PPOSpec | M2POSpec | GRPOSpec | GSPOSpec, Field(discriminator="name")]
-ALGORITHM_NAMES = ("grpo", "ppo", "m2po", "gspo")
+AlgorithmSpec = Annotated[PPOSpec | M2POSpec | GRPOSpec | GSPOSpec | DecoupledPPOSpec, Field(discriminator="name")]
+ALGORITHM_NAMES = ("grpo", "ppo", "m2po", "gspo", "decoupled_ppo")

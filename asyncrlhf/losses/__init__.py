@@ -1,10 +1,11 @@
-"""Policy losses for stale, asynchronous data: PPO, M2PO, GRPO and GSPO.
+"""Policy losses for stale, asynchronous data: PPO, decoupled PPO, M2PO, GRPO and GSPO.
 
 Each loss returns ``(loss, metrics)``: a scalar tensor carrying the gradient and a dict
 of floats (clip fraction, ratio mean/max, M2, masked fraction, approximate KL…).
 """
 
 from asyncrlhf.losses._common import LossAgg, aggregate
+from asyncrlhf.losses.decoupled import compute_decoupled_ppo_loss
 from asyncrlhf.losses.grpo import compute_grpo_loss, group_advantages
 from asyncrlhf.losses.gspo import compute_gspo_loss
 from asyncrlhf.losses.m2po import compute_m2po_loss, m2po_mask, trust_region_cap
@@ -23,6 +24,7 @@ __all__ = [
     "LossAgg",
     "PolicyLoss",
     "aggregate",
+    "compute_decoupled_ppo_loss",
     "compute_grpo_loss",
     "compute_gspo_loss",
     "compute_m2po_loss",

@@ -3,12 +3,14 @@
 A loss is a function ``fn(logprobs, old_logprobs, advantages, mask=None, *, <options>)
 -> (loss, metrics)``, registered under a name with :func:`register_policy_loss` (as
 verl's ``@register_policy_loss``). A loss that takes ``ref_logprobs`` receives the
-reference policy's log-probs. :func:`policy_loss` binds options once, checked against
-the function's own signature, so a typo fails when the trainer is built, not mid-run;
-the bound loss keeps the function itself (``.fn``), so a reader goes straight to it.
+reference policy's log-probs; one that takes ``prox_logprobs`` receives the proximal
+policy's (the trainer's weights at the start of the step, recomputed once per step).
+:func:`policy_loss` binds options once, checked against the function's own signature,
+so a typo fails when the trainer is built, not mid-run; the bound loss keeps the
+function itself (``.fn``), so a reader goes straight to it.
 
 Adding an objective is one file: the decorated function (plus, for specs, its model in
-``pipelines.spec``).
+``pipelines.algorithms``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 __all__ = ["BoundLoss", "PolicyLoss", "get_policy_loss", "policy_loss", "policy_losses", "register_policy_loss"]
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-_DATA = ("logprobs", "old_logprobs", "advantages", "mask", "ref_logprobs")  # passed by the trainer, not options
+# Passed by the trainer, not options; a loss that names ref_logprobs or prox_logprobs gets them.
+_DATA = ("logprobs", "old_logprobs", "advantages", "mask", "ref_logprobs", "prox_logprobs")
 _REGISTRY: dict[str, PolicyLoss] = {}
 
 
@@ -66,6 +69,10 @@ class BoundLoss:
     def uses_reference(self) -> bool:
         return "ref_logprobs" in inspect.signature(self.fn).parameters
 
+    @property
+    def uses_proximal(self) -> bool:
+        return "prox_logprobs" in inspect.signature(self.fn).parameters
+
     def __call__(
         self,
         logprobs: torch.Tensor,
@@ -73,9 +80,12 @@ class BoundLoss:
         advantages: torch.Tensor,
         mask: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
+        prox_logprobs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        reference = {"ref_logprobs": ref_logprobs} if self.uses_reference else {}
-        return self.fn(logprobs, old_logprobs, advantages, mask, **reference, **self.options)
+        extra = {"ref_logprobs": ref_logprobs} if self.uses_reference else {}
+        if self.uses_proximal:
+            extra["prox_logprobs"] = prox_logprobs
+        return self.fn(logprobs, old_logprobs, advantages, mask, **extra, **self.options)
 
 
 def policy_loss(name: str, **options: Any) -> BoundLoss:

@@ -121,10 +121,13 @@ class TrainerWorker:
             raise ValueError("every experience needs an advantage (use a GroupAwareReplayBuffer or set them)")
         if len(batch) < self.mini_batches:
             raise ValueError(f"batch of {len(batch)} experiences cannot split into mini_batches={self.mini_batches}")
-        ref_logprobs = None
+        ref_logprobs = prox_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logprobs = sequence_logprobs(self.ref_model, batch, self.temperature)
+        if self.loss_fn.uses_proximal:  # the policy before this step's updates (decoupled PPO)
+            with torch.no_grad():
+                prox_logprobs = sequence_logprobs(self.model, batch, self.temperature)
 
         self.model.train()
         totals: dict[str, float] = {}
@@ -132,7 +135,7 @@ class TrainerWorker:
         for _ in range(self.ppo_epochs):
             order = torch.randperm(len(batch), generator=self._generator) if self.mini_batches > 1 else None
             for rows in self._split(order):
-                metrics = self._update(batch, rows, ref_logprobs)
+                metrics = self._update(batch, rows, ref_logprobs, prox_logprobs)
                 if metrics is None:
                     skipped += 1
                     continue
@@ -155,16 +158,21 @@ class TrainerWorker:
         return list(torch.tensor_split(order, self.mini_batches))
 
     def _update(
-        self, batch: ExperienceBatch, rows: torch.Tensor | None, ref_logprobs: torch.Tensor | None
+        self,
+        batch: ExperienceBatch,
+        rows: torch.Tensor | None,
+        ref_logprobs: torch.Tensor | None,
+        prox_logprobs: torch.Tensor | None = None,
     ) -> dict[str, float] | None:
         """One optimiser update on ``rows`` of the batch; None when skipped as non-finite."""
-        sub, ref = batch, ref_logprobs
+        sub, ref, prox = batch, ref_logprobs, prox_logprobs
         if rows is not None:
             rows = rows.to(self.device)
             sub = _select(batch, rows)
             ref = None if ref_logprobs is None else ref_logprobs[rows]
+            prox = None if prox_logprobs is None else prox_logprobs[rows]
         logprobs = sequence_logprobs(self.model, sub, self.temperature)  # (b, R)
-        loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref)
+        loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
             return None

@@ -73,7 +73,8 @@ def test_update_baseline_rewrites_it_with_the_environment(tmp_path):
     done = bench(tmp_path, "--case", "losses", "--baseline", str(path), "--update-baseline", "--no-track")
     assert done.returncode == 0, done.stdout[-3000:]
     data = json.loads(path.read_text())["suites"]["quick"]
-    assert set(data["figures"]) == {"losses.m2po_vs_ppo", "losses.grpo_vs_ppo"}
+    assert set(data["figures"]) == {"losses.m2po_vs_ppo", "losses.m2po_trust_region_vs_ppo", "losses.m2po_token_vs_ppo",
+                                   "losses.grpo_vs_ppo"}  # fmt: skip
     assert data["environment"]["torch"] and data["environment"]["cpu_count"]
 
 

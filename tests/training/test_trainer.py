@@ -44,7 +44,7 @@ def test_recomputed_logprobs_match_the_engine(temperature):
     assert metrics["policy/clip_frac"] == 0.0
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "m2po", "grpo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "m2po", "grpo", "gspo", "decoupled_ppo"])
 def test_a_few_steps_change_every_parameter(algorithm):
     model, tok = small_model()
     before = copy.deepcopy(model.state_dict())
@@ -78,6 +78,18 @@ def test_mini_batches_and_epochs():
     metrics = trainer.step(rollout(engine))
     assert metrics["train/skipped_updates"] == 0.0
     assert metrics["policy/ratio_max"] > 1.0  # later updates see the policy moved
+
+
+def test_decoupled_ppo_gets_the_policy_of_the_step_start_as_proximal():
+    """On fresh data π_prox = π_behav (weight 1, M2 0 between them); over 8 updates the
+    proximal policy stays the step's start, so later updates see π_θ/π_prox move."""
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    trainer = TrainerWorker(model, tok.pad_token_id, "decoupled_ppo", optim=OptimConfig(ppo_epochs=2, mini_batches=4,
+                            lr=1e-2))  # fmt: skip
+    metrics = trainer.step(rollout(engine))
+    assert metrics["policy/m2_behav_prox"] < 1e-8 and metrics["policy/behav_weight_mean"] == pytest.approx(1, abs=1e-4)
+    assert metrics["policy/ratio_max"] > 1.0 and metrics["train/skipped_updates"] == 0.0
 
 
 def test_save_load_continue_equals_not_stopping(tmp_path):
