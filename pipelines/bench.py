@@ -15,7 +15,16 @@ from typing import Any, Literal
 
 from benchmarks.suite import REPO, Figure
 
-__all__ = ["DEFAULT_BASELINE", "Comparison", "Figure", "compare", "load_baseline", "report_dict", "write_baseline"]
+__all__ = [
+    "DEFAULT_BASELINE",
+    "Comparison",
+    "Figure",
+    "compare",
+    "comparison_table",
+    "load_baseline",
+    "report_dict",
+    "write_baseline",
+]
 
 DEFAULT_BASELINE = REPO / "benchmarks" / "baseline.json"
 
@@ -95,3 +104,25 @@ def report_dict(suite: str, comparisons: list[Comparison], env: dict[str, Any], 
             for c in comparisons
         ],
     }
+
+
+def comparison_table(title: str, comparisons: list[Comparison]) -> Any:
+    """The comparisons as a rich table: figure, spread, baseline, limit, status, target."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("figure", "median \\[min – max]", "baseline", "limit", "status", "target"):
+        table.add_column(column)
+    colours = {"ok": "green", "regressed": "bold red", "new": "yellow", "info": "dim"}
+    for c in comparisons:
+        f, bound = c.figure, "≥" if c.figure.better == "higher" else "≤"
+        met = {None: "", True: " [green]met[/]", False: " [yellow]missed[/]"}[f.meets_target]
+        table.add_row(
+            f.name,
+            f"{f.median:.3f} [{f.min:.3f} – {f.max:.3f}] {f.unit}",
+            "—" if c.baseline is None else f"{c.baseline:.3f}",
+            "—" if c.limit is None else f"{bound} {c.limit:.3f}",
+            f"[{colours[c.status]}]{c.status}[/]",
+            "" if f.target is None else f"{bound} {f.target:g}{met}",
+        )
+    return table

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipelines.spec import ExperimentSpec, SpecError, apply_overrides, load_spec, spec_from_dict
+from pipelines.specfile import flatten, run_name_for
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Asynchronous RL post-training experiments.")
 console = Console() if Console().is_terminal else Console(width=140)  # logs: no 80-column cut
@@ -65,7 +66,13 @@ def run(
     ] = None,
 ) -> None:
     """Run an experiment and log it to MLflow (or continue a stopped run: --resume RUN_ID)."""
-    _run(_load(spec, set_), str(spec), resume)
+    experiment = _load(spec, set_)
+    if set_ and experiment.tracking.run_name is None:  # the run's name says what --set changed
+        values = flatten(experiment)
+        changes = {key: values.get(key, raw) for key, _, raw in (o.partition("=") for o in set_)}
+        tracking = experiment.tracking.model_copy(update={"run_name": run_name_for(experiment.name, changes)})
+        experiment = experiment.model_copy(update={"tracking": tracking})
+    _run(experiment, str(spec), resume)
 
 
 @app.command()
@@ -316,7 +323,7 @@ def bench(
 ) -> None:
     """Run the benchmark suite; exit 1 when a figure regressed against the baseline."""
     from benchmarks.suite import environment, run_suite
-    from pipelines.bench import compare, load_baseline, report_dict, write_baseline
+    from pipelines.bench import compare, comparison_table, load_baseline, report_dict, write_baseline
 
     if not 0 <= tolerance < 1:
         errors.print(f"[bold red]error:[/] --tolerance must be in [0, 1), got {tolerance}")
@@ -330,7 +337,8 @@ def bench(
         raise typer.Exit(2) from None
     env = environment()
     comparisons = compare(figures, suite_baseline.get("figures", {}), tolerance)
-    console.print(_bench_table(f"suite {suite} vs {baseline.name if suite_baseline else 'no baseline'}", comparisons))
+    against = baseline.name if suite_baseline else "no baseline"
+    console.print(comparison_table(f"suite {suite} vs {against}", comparisons))
     if report is None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         report = Path("mlflow") / "bench" / f"bench-{suite}-{stamp}.json"  # beside the tracking store
@@ -355,25 +363,6 @@ def bench(
     raise typer.Exit(1 if regressions else 0)
 
 
-def _bench_table(title: str, comparisons: list) -> Table:  # type: ignore[type-arg]
-    table = Table(title=title)
-    for column in ("figure", "median \\[min – max]", "baseline", "limit", "status", "target"):
-        table.add_column(column)
-    colours = {"ok": "green", "regressed": "bold red", "new": "yellow", "info": "dim"}
-    for c in comparisons:
-        f, bound = c.figure, "≥" if c.figure.better == "higher" else "≤"
-        met = {None: "", True: " [green]met[/]", False: " [yellow]missed[/]"}[f.meets_target]
-        table.add_row(
-            f.name,
-            f"{f.median:.3f} [{f.min:.3f} – {f.max:.3f}] {f.unit}",
-            "—" if c.baseline is None else f"{c.baseline:.3f}",
-            "—" if c.limit is None else f"{bound} {c.limit:.3f}",
-            f"[{colours[c.status]}]{c.status}[/]",
-            "" if f.target is None else f"{bound} {f.target:g}{met}",
-        )
-    return table
-
-
 @app.command()
 def ui(
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 5000,
@@ -382,13 +371,17 @@ def ui(
 ) -> None:
     """Serve the MLflow UI for the local store (runs whose process died are marked KILLED first)."""
     from pipelines.processes import serve
-    from pipelines.tracking import open_store, resolve_tracking_uri
+    from pipelines.tracking import open_store, resolve_tracking_uri, tag_experiments
 
     store = resolve_tracking_uri(uri)
-    open_store(store)  # initialised and reconciled before the server reads it
+    client = open_store(store)  # initialised and reconciled before the server reads it
+    latest = tag_experiments(client)
     mlflow_bin = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow_bin, "ui", "--backend-store-uri", store, "--host", host, "--port", str(port)]
-    console.print(f"MLflow UI for {store} on http://{host}:{port} (Ctrl-C to stop)")
+    base = f"http://{host}:{port}/#/experiments"
+    console.print(f"MLflow UI for {store} (Ctrl-C to stop): {base}?workflowType=machine_learning", soft_wrap=True)
+    if latest is not None:
+        console.print(f"latest experiment, {latest.name!r}: {base}/{latest.experiment_id}/runs", soft_wrap=True)
     raise typer.Exit(serve(command))
 
 

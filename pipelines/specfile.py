@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["SpecError", "apply_overrides", "flatten", "read_yaml", "set_path", "spec_hash"]
+__all__ = ["SpecError", "apply_overrides", "flatten", "read_yaml", "run_name_for", "set_path", "spec_hash"]
 
 
 class SpecError(ValueError):
@@ -132,3 +132,26 @@ def flatten(spec: BaseModel) -> dict[str, str]:
 def spec_hash(spec: BaseModel) -> str:
     """A stable short hash of the resolved spec."""
     return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_name_for(name: str, changes: dict[str, Any]) -> str:
+    """A run name saying what differs from the base spec: ``quickstart·lr=0.0001·max_staleness=4``.
+
+    Keys are shortened to their last part (``algorithm.name`` to ``algorithm``) unless two
+    changes share it; values are cut at 24 characters.
+
+    >>> run_name_for("quickstart", {"trainer.lr": 1e-4, "algorithm.name": "m2po"})
+    'quickstart·lr=0.0001·algorithm=m2po'
+    """
+
+    def tail(key: str) -> str:
+        parts = key.split(".")
+        return parts[-2] if len(parts) > 1 and parts[-1] in ("name", "kind") else parts[-1]
+
+    short = [tail(key) for key in changes]
+    parts = [
+        f"{brief if short.count(brief) == 1 else key}={str(value)[:24]}"
+        for (key, value), brief in zip(changes.items(), short, strict=True)
+        if not key.startswith("tracking.")
+    ]
+    return "·".join([name, *parts])

@@ -35,14 +35,17 @@ __all__ = [
     "artifact_root_for",
     "end_run",
     "experiment_id_for",
+    "knobs",
     "log_benchmark",
     "new_run",
     "open_store",
     "read_run",
     "resolve_tracking_uri",
+    "tag_experiments",
 ]
 
 _MAX_PARAMS, _MAX_METRICS = 100, 1000  # per log_batch request (MLflow REST limits)
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def artifact_root_for(uri: str) -> str | None:
@@ -53,11 +56,31 @@ def artifact_root_for(uri: str) -> str | None:
 
 
 def experiment_id_for(client: Any, name: str, uri: str) -> str:
-    """The id of MLflow experiment ``name``, created (artifacts beside a local store) if new."""
+    """The id of MLflow experiment ``name``, created (artifacts beside a local store) if new,
+    and tagged as model training: MLflow 3's UI then opens it on the runs table, not on
+    the GenAI traces page."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_root_for(uri))
+    return client.create_experiment(name, artifact_location=artifact_root_for(uri), tags=EXPERIMENT_TAGS)
+
+
+def tag_experiments(client: Any) -> Any:
+    """Tag the store's experiments (but ``Default``) for model training where untagged, so
+    the UI opens them on their runs; the most recently active one, or None."""
+    experiments = [e for e in client.search_experiments(order_by=["last_update_time DESC"]) if e.name != "Default"]
+    for experiment in experiments:
+        for key, value in EXPERIMENT_TAGS.items():
+            if key not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
+    return experiments[0] if experiments else None
+
+
+def knobs(spec: ExperimentSpec) -> dict[str, str]:
+    """The spec's flattened fields but its bookkeeping (name, description, where it is
+    tracked), which are tags: "show diff only" then shows what was changed."""
+    bookkeeping = ("name", "description")
+    return {k: v for k, v in flatten(spec).items() if k not in bookkeeping and not k.startswith("tracking.")}
 
 
 def new_run(
@@ -166,11 +189,14 @@ class Tracker:
             tags["mlflow.source.git.commit"] = commit
         if parent_run_id is not None:
             tags["mlflow.parentRunId"] = parent_run_id
+        tags["spec.name"] = spec.name  # bookkeeping as tags: the params are the experiment's knobs
+        if spec.description:
+            tags["mlflow.note.content"] = spec.description  # the run's description box in the UI
         run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
         self.run_id = run.info.run_id
         self.heartbeat.beat(self.run_id)
         with self.failing():
-            params = [Param(k, v[:6000]) for k, v in flatten(spec).items()]
+            params = [Param(k, v[:6000]) for k, v in knobs(spec).items()]
             for i in range(0, len(params), _MAX_PARAMS):
                 self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS], synchronous=True)
             text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

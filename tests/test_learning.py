@@ -32,8 +32,16 @@ LAGGED = ["orchestrator.mode=lagged", "orchestrator.lag=1"]
 SETTINGS = {
     "grpo": (["orchestrator.eval_every=600"], 0.10),  # the quick start's 600 steps
     # token-mean: the aggregation this case was measured with (the quick start pins GRPO's seq-mean-token-mean)
-    "m2po": (["algorithm.name=m2po", "algorithm.loss_agg=token-mean", "trainer.lr=2e-4", "trainer.steps=500",
-              "orchestrator.eval_every=500"], 0.04),  # fmt: skip
+    "m2po": (
+        [
+            "algorithm.name=m2po",
+            "algorithm.loss_agg=token-mean",
+            "trainer.lr=2e-4",
+            "trainer.steps=500",
+            "orchestrator.eval_every=500",
+        ],
+        0.04,
+    ),
 }
 SPREAD = {
     # asyncrlhf bench --suite matrix (each cell this test's run at another seed/kernels)

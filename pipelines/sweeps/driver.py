@@ -27,7 +27,7 @@ from typing import Any
 
 from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
 from pipelines.spec import spec_from_dict
-from pipelines.specfile import SpecError, set_path
+from pipelines.specfile import SpecError, run_name_for, set_path
 from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import SweepReport, trial_rows
@@ -235,11 +235,12 @@ class _Driver:
         for key, value in params.items():
             set_path(data, key, value)
         try:
-            spec_from_dict(self._job_data(data, trial.number, self.seeds[0]), source=f"trial {trial.number}")
+            spec_from_dict(self._job_data(data, trial.number, self.seeds[0], params), source=f"trial {trial.number}")
         except SpecError as err:  # an invalid combination: a failed trial, the sweep goes on
             tags = {"mlflow.parentRunId": self.parent, "sweep.trial": str(trial.number), "error": str(err)[:4000],
                     "sweep.params": json.dumps(params), "sweep.name": self.sweep.name}  # fmt: skip
-            run_id = new_run(self.client, self.sweep.tracking.experiment, self._name(trial.number), tags, params)
+            name = self._name(trial.number, params)
+            run_id = new_run(self.client, self.sweep.tracking.experiment, name, tags, params)
             end_run(self.client, run_id, "FAILED", "failed")
             trial.set_user_attr("error", str(err))
             trial.set_user_attr("mlflow_run_ids", {str(self.seeds[0]): run_id})
@@ -250,20 +251,21 @@ class _Driver:
         self.configs[trial.number] = config
         return config
 
-    def _name(self, number: int, seed: int | None = None) -> str:
-        name = f"{self.sweep.name}-{number:03d}"
-        return name if seed is None or not self.sweep.seeds else f"{name}-s{seed}"
+    def _name(self, number: int, params: dict[str, Any], seed: int | None = None) -> str:
+        """``sweep-003·lr=0.0001·lag=2`` (and ``·s1`` per seed): the trial's swept values."""
+        name = run_name_for(f"{self.sweep.name}-{number:03d}", params)
+        return name if seed is None or not self.sweep.seeds else f"{name}·s{seed}"
 
-    def _job_data(self, data: dict[str, Any], number: int, seed: int) -> dict[str, Any]:
+    def _job_data(self, data: dict[str, Any], number: int, seed: int, params: dict[str, Any]) -> dict[str, Any]:
         data = copy.deepcopy(data)
         if self.sweep.seeds:
             data["seed"] = seed
-        data["tracking"] = {**self.sweep.tracking.model_dump(), "run_name": self._name(number, seed)}
+        data["tracking"] = {**self.sweep.tracking.model_dump(), "run_name": self._name(number, params, seed)}
         return data
 
     def _launch(self, config: _Config, seed: int) -> None:
         number = config.trial.number
-        spec = spec_from_dict(self._job_data(config.data, number, seed), source=f"trial {number}")
+        spec = spec_from_dict(self._job_data(config.data, number, seed, config.params), source=f"trial {number}")
         tracker = Tracker(spec.tracking)
         tags = {"sweep.trial": str(number), "sweep.params": json.dumps(config.params), "sweep.name": self.sweep.name,
                 "sweep.seed": str(spec.seed)}  # fmt: skip

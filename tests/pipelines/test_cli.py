@@ -64,6 +64,14 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path):
     assert (
         params["trainer.steps"] == "6" and params["algorithm.name"] == "grpo" and params["orchestrator.mode"] == "async"
     )
+    # What differs is in the name; params are the knobs, bookkeeping is tags; the experiment
+    # opens on its runs in MLflow 3's UI.
+    assert run.info.run_name == "quickstart·steps=6·batch_size=64·eval_every=3·eval_size=20"
+    assert not {"name", "description", "tracking.experiment", "tracking.run_name"} & set(params)
+    assert run.data.tags["spec.name"] == "quickstart"
+    assert run.data.tags["mlflow.note.content"].startswith("async GRPO on 2-digit addition")
+    experiment = MlflowClient(store).get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.tags["mode"] == "async" and run.data.tags["algorithm"] == "grpo" and "spec_hash" in run.data.tags
     client = MlflowClient(store)
     for key in ["reward/mean", "loss/policy", "policy/clip_frac", "staleness/max", "buffer/size", "time/step_s",

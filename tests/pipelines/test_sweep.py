@@ -86,6 +86,11 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
     parent, children = sweep_runs(store)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep.status"] == "complete"
     children = [c for c in children if c.info.status == "FINISHED"]  # those cut off by the SIGTERM are KILLED
+    for child in children:  # named by their swept values
+        lag, algorithm = child.data.params["orchestrator.lag"], child.data.params["algorithm.name"]
+        number, *values = child.info.run_name.split("·")
+        assert number == f"grid-{int(child.data.tags['sweep.trial']):03d}"
+        assert sorted(values) == [f"algorithm={algorithm}", f"lag={lag}"]
     combos = [(c.data.params["orchestrator.lag"], c.data.params["algorithm.name"]) for c in children]
     assert sorted(combos) == [("0", "grpo"), ("0", "m2po"), ("2", "grpo"), ("2", "m2po")]
     for child in children:  # the tag of swept values and the full spec agree

@@ -64,9 +64,10 @@ def test_ui_serves_the_reconciled_store_on_localhost_and_ends_with_its_workers_o
     orphan = client.create_run(experiment, run_name="sigkilled", tags={OWNER_TAG: owner}).info.run_id
 
     port = free_port()
+    out = (Path(store.removeprefix("sqlite:///")).parent / "ui.out").open("w+")
     ui = subprocess.Popen(
         [*cli(), "ui", "--port", str(port), "--uri", store],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True,
+        stdout=out, stderr=subprocess.STDOUT, env=env(), start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
     try:
@@ -85,6 +86,12 @@ def test_ui_serves_the_reconciled_store_on_localhost_and_ends_with_its_workers_o
         assert found["seen-through-http"]["data"]["metrics"][0]["key"] == "reward/mean"
         assert found["sigkilled"]["info"]["status"] == "KILLED"  # its process was gone: marked before serving
         assert client.get_run(orphan).info.status == "KILLED"
+        # Tagged for model training (MLflow 3 then opens it on its runs), and the runs URL printed.
+        assert client.get_experiment(experiment).tags["mlflow.experimentKind"] == "custom_model_development"
+        out.seek(0)
+        printed = out.read()
+        assert f"http://127.0.0.1:{port}/#/experiments?workflowType=machine_learning" in printed
+        assert f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs" in printed
         server = descendants(ui.pid)  # the MLflow server and its workers
         assert server
         ui.send_signal(signal.SIGTERM)  # to `asyncrlhf ui` alone, as `timeout` or `docker stop` would
