@@ -375,13 +375,13 @@ def ui(
 
     store = resolve_tracking_uri(uri)
     client = open_store(store)  # initialised and reconciled before the server reads it
-    latest = tag_experiments(client)
+    experiments = tag_experiments(client)
     mlflow_bin = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow_bin, "ui", "--backend-store-uri", store, "--host", host, "--port", str(port)]
-    base = f"http://{host}:{port}/#/experiments"
-    console.print(f"MLflow UI for {store} (Ctrl-C to stop): {base}?workflowType=machine_learning", soft_wrap=True)
-    if latest is not None:
-        console.print(f"latest experiment, {latest.name!r}: {base}/{latest.experiment_id}/runs", soft_wrap=True)
+    base, mode = f"http://{host}:{port}/#/experiments", "workflowType=machine_learning"
+    console.print(f"MLflow UI for {store} (Ctrl-C to stop): {base}?{mode}", soft_wrap=True)
+    for experiment in experiments[:10]:  # MLflow 3 opens an experiment on GenAI pages unless told
+        console.print(f"  {experiment.name}: {base}/{experiment.experiment_id}/runs?{mode}", soft_wrap=True)
     raise typer.Exit(serve(command))
 
 

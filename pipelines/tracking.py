@@ -65,15 +65,15 @@ def experiment_id_for(client: Any, name: str, uri: str) -> str:
     return client.create_experiment(name, artifact_location=artifact_root_for(uri), tags=EXPERIMENT_TAGS)
 
 
-def tag_experiments(client: Any) -> Any:
-    """Tag the store's experiments (but ``Default``) for model training where untagged, so
-    the UI opens them on their runs; the most recently active one, or None."""
+def tag_experiments(client: Any) -> list[Any]:
+    """Tag the store's experiments (but ``Default``) for model training where untagged;
+    them, the most recently active first."""
     experiments = [e for e in client.search_experiments(order_by=["last_update_time DESC"]) if e.name != "Default"]
     for experiment in experiments:
         for key, value in EXPERIMENT_TAGS.items():
             if key not in experiment.tags:
                 client.set_experiment_tag(experiment.experiment_id, key, value)
-    return experiments[0] if experiments else None
+    return experiments
 
 
 def knobs(spec: ExperimentSpec) -> dict[str, str]:
