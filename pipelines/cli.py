@@ -324,6 +324,7 @@ def bench(
     """Run the benchmark suite; exit 1 when a figure regressed against the baseline."""
     from benchmarks.suite import environment, run_suite
     from pipelines.bench import compare, comparison_table, load_baseline, report_dict, write_baseline
+    from pipelines.benchlog import load_average
 
     if not 0 <= tolerance < 1:
         errors.print(f"[bold red]error:[/] --tolerance must be in [0, 1), got {tolerance}")
@@ -331,6 +332,7 @@ def bench(
     console.print(f"[bold]asyncrlhf bench[/] — suite {suite}")
     try:
         suite_baseline = load_baseline(baseline).get("suites", {}).get(suite, {})
+        load = load_average()  # before the suite loads the machine itself
         figures = run_suite(suite, case, log=console.print)
     except ValueError as err:
         errors.print(f"[bold red]error:[/] {err}", highlight=False)
@@ -347,9 +349,9 @@ def bench(
     console.print(f"report: {report}")
     regressions = [c for c in comparisons if c.status == "regressed"]
     if not no_track:
-        from pipelines.tracking import log_benchmark
+        from pipelines.benchlog import log_benchmark
 
-        run_id = log_benchmark(uri, suite, figures, [c.figure.name for c in regressions], env)
+        run_id = log_benchmark(uri, suite, comparisons, {**env, **load}, report)
         console.print(f"MLflow: experiment 'benchmarks', run {run_id}")
     if update_baseline:
         write_baseline(baseline, suite, figures, env)

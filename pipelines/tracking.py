@@ -36,7 +36,6 @@ __all__ = [
     "end_run",
     "experiment_id_for",
     "knobs",
-    "log_benchmark",
     "new_run",
     "open_store",
     "read_run",
@@ -94,28 +93,6 @@ def new_run(
     batch = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
     for i in range(0, len(batch), _MAX_PARAMS):
         client.log_batch(run_id, params=batch[i : i + _MAX_PARAMS], synchronous=True)
-    return run_id
-
-
-def log_benchmark(uri: str | None, suite: str, figures: list[Any], regressed: list[str], env: dict[str, Any]) -> str:
-    """One run in the ``benchmarks`` experiment: params = environment, metrics = figures
-    (median, min, max), tags = suite and gate status. Returns its id."""
-    from mlflow.entities import Metric
-
-    client = open_store(uri)
-    tags = {"suite": suite, "status": "regressed" if regressed else "ok"}
-    if env.get("git_commit"):
-        tags["mlflow.source.git.commit"] = env["git_commit"]
-    run_id = new_run(client, "benchmarks", f"bench-{suite}", tags, {**env, "suite": suite})
-    now = int(time.time() * 1000)
-    metrics = [
-        Metric(key, value, now, 0)
-        for f in figures
-        for key, value in ((f.name, f.median), (f"{f.name}.min", f.min), (f"{f.name}.max", f.max))
-    ]
-    for i in range(0, len(metrics), _MAX_METRICS):
-        client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS], synchronous=True)
-    client.set_terminated(run_id, "FINISHED")
     return run_id
 
 

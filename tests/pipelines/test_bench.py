@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -50,15 +51,27 @@ def baseline_file(tmp_path, figures: dict[str, float]) -> str:
     return str(path)
 
 
-def test_gate_fails_on_a_baseline_the_figures_are_worse_than(tmp_path):
+def test_gate_fails_on_a_baseline_the_figures_are_worse_than(tmp_path, store):
     # M2PO cannot cost 1% of PPO (lower is better); GRPO easily costs under 1000× PPO.
     unreachable = baseline_file(tmp_path, {"losses.m2po_vs_ppo": 0.01, "losses.grpo_vs_ppo": 1000.0})
-    done = bench(tmp_path, "--case", "losses", "--baseline", unreachable, "--no-track")
+    done = bench(tmp_path, "--case", "losses", "--baseline", unreachable, "--uri", store)
     assert done.returncode == 1, done.stdout[-3000:]
     assert "REGRESSION losses.m2po_vs_ppo" in done.stdout
     assert "REGRESSION losses.grpo_vs_ppo" not in done.stdout
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["regressions"] == ["losses.m2po_vs_ppo"]
+    # In MLflow: a regressed run is FAILED; figures grouped by case, each beside its
+    # baseline, limit and verdict; the report and a trend plot attached; the load recorded.
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("benchmarks").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["status"] == "regressed"
+    assert "losses.m2po_vs_ppo" in run.data.tags["error"] and "load_avg_1m" in run.data.params
+    assert set(run.data.metrics) >= {"bench/losses/m2po_vs_ppo", "bench/losses/grpo_vs_ppo"}
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "figures.json", str(tmp_path))).read_text())
+    rows = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["data"]}
+    assert rows["losses.m2po_vs_ppo"]["verdict"] == "regressed" and rows["losses.m2po_vs_ppo"]["baseline"] == 0.01
+    assert rows["losses.grpo_vs_ppo"]["verdict"] == "ok" and rows["losses.grpo_vs_ppo"]["limit"] == 1250.0
+    assert {"report.json", "trend.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 def test_gate_passes_against_a_baseline_the_figures_meet(tmp_path):
@@ -97,5 +110,5 @@ def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("benchmarks")
     (run,) = client.search_runs([experiment.experiment_id])
-    assert run.data.tags["suite"] == "quick" and "torch" in run.data.params
-    assert "reward.speedup_vs_loop.B256_L1024" in run.data.metrics
+    assert run.data.tags["suite"] == "quick" and "torch" in run.data.params and run.info.status == "FINISHED"
+    assert "bench/reward/speedup_vs_loop.B256_L1024" in run.data.metrics
