@@ -1,4 +1,7 @@
-"""PNG plots: a run's learning curves and rollout/trainer timeline (Gantt); a sweep's objective."""
+"""PNG plots: a run's learning curves, staleness and rollout/trainer timeline; a sweep's objective.
+
+A run's plots are titled with what identifies it (run name, algorithm, mode, the staleness
+setting and lr), so a PNG seen alone still says which run it is."""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ from typing import Any
 
 from asyncrlhf.orchestration import RunHistory
 
-__all__ = ["plot_curves", "plot_objective", "plot_staleness", "plot_timeline"]
+__all__ = ["plot_curves", "plot_objective", "plot_run_staleness", "plot_staleness", "plot_timeline"]
+
+_GANTT_MAX_EVENTS = 300  # beyond this a Gantt chart is a barcode: the timeline shows shares per time bin
 
 _PHASE_COLOURS = {
     "generate": "#4c78a8",
@@ -30,7 +35,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def plot_curves(history: RunHistory, path: Path) -> None:
+def plot_curves(history: RunHistory, path: Path, title: str = "") -> None:
     """Reward per step and held-out accuracy per evaluation, one figure."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -45,34 +50,86 @@ def plot_curves(history: RunHistory, path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
-    ax.set_title(f"{history.mode}: reward and held-out accuracy")
+    ax.set_title(f"{title or history.mode}\nreward and held-out accuracy", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_timeline(history: RunHistory, path: Path) -> None:
-    """What each worker did when: one row per worker, one colour per phase."""
+def plot_run_staleness(history: RunHistory, path: Path, title: str = "") -> None:
+    """Staleness of every trained batch, per step: mean and max in policy versions (and the
+    mean in optimiser updates when a step makes more than one)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for key, style in (("staleness/mean", "-"), ("staleness/max", ":"), ("staleness/updates", "--")):
+        points = history.metric(key)
+        if key == "staleness/updates" and all(v == m for (_, v), (_, m) in zip(points, history.metric("staleness/mean"),
+                                                                                strict=False)):  # fmt: skip
+            continue  # one update per step: the same line as the mean
+        if points:
+            ax.plot([s for s, _ in points], [v for _, v in points], style, label=key)
+    ax.set_xlabel("trainer step")
+    ax.set_ylabel("staleness")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"{title or history.mode}\nstaleness of the trained batches", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_timeline(history: RunHistory, path: Path, title: str = "") -> None:
+    """What each worker did when: a Gantt chart (one row per worker, one colour per phase)
+    for short runs; beyond a few hundred events, each worker's share of time per phase in
+    60 time bins, which stays readable at any run length. The legend lists only the phases
+    that occur."""
     plt = _pyplot()
     events = history.timeline
-    fig, ax = plt.subplots(figsize=(10, 2.6))
+    workers = sorted({e.worker for e in events})
+    phases = [p for p in _PHASE_COLOURS if any(e.phase == p for e in events)]
+    gantt = len(events) <= _GANTT_MAX_EVENTS
+    rows = 1 if gantt or not workers else len(workers)
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 if gantt else 1.6 * rows + 1), squeeze=False, sharex=True)
     if events:
         origin = min(e.start for e in events)
-        workers = sorted({e.worker for e in events})
-        for row, worker in enumerate(workers):
-            for phase, colour in _PHASE_COLOURS.items():
-                spans = [(e.start - origin, e.end - e.start) for e in events if (e.worker, e.phase) == (worker, phase)]
-                if spans:
-                    ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=colour, label=phase if row == 0 else None)
-        ax.set_yticks(range(len(workers)), workers)
-        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _PHASE_COLOURS.values()]
-        ax.legend(handles, list(_PHASE_COLOURS), ncol=len(_PHASE_COLOURS), fontsize=7, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.3))  # fmt: skip
-    ax.set_xlabel("seconds since start")
-    ax.set_title(f"{history.mode}: timeline")
-    fig.tight_layout()
+        if gantt:
+            _gantt(axes[0, 0], events, workers, phases, origin)
+        else:
+            for ax, worker in zip(axes[:, 0], workers, strict=True):
+                _shares(ax, [e for e in events if e.worker == worker], phases, origin, max(e.end for e in events))
+                ax.set_ylabel(worker, fontsize=8)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=_PHASE_COLOURS[p]) for p in phases]
+        fig.legend(handles, phases, ncol=max(1, len(phases)), fontsize=7, loc="lower center")
+    axes[-1, 0].set_xlabel("seconds since start")
+    axes[0, 0].set_title(f"{title or history.mode}\ntimeline" + ("" if gantt else ": share of time per phase"),
+                         fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _gantt(ax: Any, events: list[Any], workers: list[str], phases: list[str], origin: float) -> None:
+    for row, worker in enumerate(workers):
+        for phase in phases:
+            spans = [(e.start - origin, e.end - e.start) for e in events if (e.worker, e.phase) == (worker, phase)]
+            if spans:
+                ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=_PHASE_COLOURS[phase])
+    ax.set_yticks(range(len(workers)), workers)
+
+
+def _shares(ax: Any, events: list[Any], phases: list[str], origin: float, end: float, bins: int = 60) -> None:
+    """Stacked share of each phase in each of ``bins`` equal time bins."""
+    import numpy as np
+
+    edges = np.linspace(0.0, max(end - origin, 1e-9), bins + 1)
+    shares = {p: np.zeros(bins) for p in phases}
+    for e in events:
+        start, stop = e.start - origin, e.end - origin
+        overlap = np.clip(np.minimum(edges[1:], stop) - np.maximum(edges[:-1], start), 0.0, None)
+        shares[e.phase] += overlap / (edges[1] - edges[0])
+    ax.stackplot((edges[:-1] + edges[1:]) / 2, [np.clip(shares[p], 0, 1) for p in phases],
+                 colors=[_PHASE_COLOURS[p] for p in phases])  # fmt: skip
+    ax.set_ylim(0, 1)
 
 
 def plot_objective(

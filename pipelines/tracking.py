@@ -38,6 +38,7 @@ __all__ = [
     "knobs",
     "new_run",
     "open_store",
+    "plot_title",
     "read_run",
     "resolve_tracking_uri",
     "tag_experiments",
@@ -73,6 +74,14 @@ def tag_experiments(client: Any) -> list[Any]:
             if key not in experiment.tags:
                 client.set_experiment_tag(experiment.experiment_id, key, value)
     return experiments
+
+
+def plot_title(run_name: str, params: dict[str, str]) -> str:
+    """``name — grpo, async (max_staleness 1), lr 0.0003``: a run's plot title."""
+    mode = params.get("orchestrator.mode", "?")
+    bound = f" (lag {params.get('orchestrator.lag')})" if mode == "lagged" else (
+        f" (max_staleness {params.get('buffer.max_staleness')})" if mode == "async" else "")  # fmt: skip
+    return f"{run_name} — {params.get('algorithm.name', '?')}, {mode}{bound}, lr {params.get('trainer.lr', '?')}"
 
 
 def knobs(spec: ExperimentSpec) -> dict[str, str]:
@@ -138,6 +147,7 @@ class Tracker:
         self.finish_seconds = 0.0  # time spent on final metrics, plots and artifacts
         self._pending: list[Any] = []
         self._steps_since_flush = 0
+        self.title = ""  # what the run's plots are titled with
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
         self._ended = False
 
@@ -171,6 +181,7 @@ class Tracker:
             tags["mlflow.note.content"] = spec.description  # the run's description box in the UI
         run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
         self.run_id = run.info.run_id
+        self.title = plot_title(run.info.run_name, knobs(spec))
         self.heartbeat.beat(self.run_id)
         with self.failing():
             params = [Param(k, v[:6000]) for k, v in knobs(spec).items()]
@@ -189,6 +200,7 @@ class Tracker:
 
         run = self.client.get_run(run_id)
         self.run_id = run_id
+        self.title = plot_title(run.info.run_name, run.data.params)
         history = self.client.get_metric_history(run_id, "loss/policy")
         self._logged_until = max((m.step for m in history), default=0)
         count = int(run.data.tags.get("resume.count", "0")) + 1
@@ -245,7 +257,7 @@ class Tracker:
         """Final metrics, artifacts, and ``status`` (FINISHED; KILLED for a pruned trial)."""
         from mlflow.entities import Metric
 
-        from pipelines.plots import plot_curves, plot_timeline
+        from pipelines.plots import plot_curves, plot_run_staleness, plot_timeline
 
         begin = time.perf_counter()
         self.flush()
@@ -260,8 +272,9 @@ class Tracker:
         with tempfile.TemporaryDirectory(prefix="asyncrlhf-") as tmp:
             artifacts = Path(tmp)
             _write_history(history, artifacts)
-            plot_curves(history, artifacts / "curves.png")
-            plot_timeline(history, artifacts / "timeline.png")
+            plot_curves(history, artifacts / "curves.png", self.title)
+            plot_run_staleness(history, artifacts / "staleness.png", self.title)
+            plot_timeline(history, artifacts / "timeline.png", self.title)
             for path in sorted(artifacts.iterdir()):
                 folder = "plots" if path.suffix == ".png" else "history"
                 self.client.log_artifact(self.run_id, str(path), folder)

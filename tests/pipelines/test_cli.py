@@ -90,7 +90,13 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path):
     assert rows[1][rows[0].index("eval/accuracy")] == repr(start.value)
     assert "perf/bubble_frac_trainer" in run.data.metrics and "perf/tracking_frac" in run.data.metrics
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
-    assert {"spec.yaml", "plots/curves.png", "plots/timeline.png", "history/history.csv"} <= artifacts
+    assert {
+        "spec.yaml",
+        "plots/curves.png",
+        "plots/staleness.png",
+        "plots/timeline.png",
+        "history/history.csv",
+    } <= artifacts
 
 
 def test_a_failing_run_is_marked_failed_with_its_error(store):
