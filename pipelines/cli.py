@@ -67,7 +67,7 @@ def run(
 ) -> None:
     """Run an experiment and log it to MLflow (or continue a stopped run: --resume RUN_ID)."""
     experiment = _load(spec, set_)
-    if set_ and experiment.tracking.run_name is None:  # the run's name says what --set changed
+    if set_ and resume is None and experiment.tracking.run_name is None:  # the name says what --set changed
         values = flatten(experiment)
         changes = {key: values.get(key, raw) for key, _, raw in (o.partition("=") for o in set_)}
         tracking = experiment.tracking.model_copy(update={"run_name": run_name_for(experiment.name, changes)})

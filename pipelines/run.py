@@ -248,8 +248,9 @@ def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
         raise SpecError(f"--resume {run_id}: the run is in experiment {experiment!r}, the spec logs to "
                         f"{spec.tracking.experiment!r}")  # fmt: skip
     before, now = flatten(spec_from_dict(old, source=f"run {run_id}")), flatten(spec)
+    # Where and how it is tracked is not the experiment (the experiment name is checked above).
     changed = [f"{k} ({before.get(k)} → {now.get(k)})" for k in sorted(set(before) | set(now))
-               if k != "trainer.steps" and before.get(k) != now.get(k)]  # fmt: skip
+               if k != "trainer.steps" and not k.startswith("tracking.") and before.get(k) != now.get(k)]  # fmt: skip
     if changed:
         raise SpecError(f"--resume {run_id}: only trainer.steps may change, but {', '.join(changed)}")
     store = Checkpoints(checkpoint_folder(uri, run_id), spec.trainer.keep_checkpoints)
