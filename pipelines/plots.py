@@ -152,6 +152,8 @@ def plot_objective(
             xs = [labels.index(str(v)) for v in values]
             ax.set_xticks(range(len(labels)), labels)
         ax.errorbar(xs, scores, yerr=errors, fmt="o", color="#4c78a8", ecolor="#9ecae9", capsize=3)
+        if all(0.0 <= v <= 1.0 for v in scores):  # a share (accuracy): its whole range, so a gap inside the
+            ax.set_ylim(0.0, 1.0)  # noise is not magnified into a difference
         ax.set_xlabel(key)
         ax.set_ylabel(objective)
         ax.grid(alpha=0.3)

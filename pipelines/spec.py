@@ -230,6 +230,9 @@ class TrackingSpec(_Section):
     run_name: str | None = Field(None, description="MLflow run name (default: the spec's name).")
     tags: dict[str, str] = Field(default_factory=dict, description="Extra MLflow tags.")
     flush_every: int = Field(10, ge=1, description="Send metrics to MLflow every this many steps (log_batch).")
+    system_metrics: bool = Field(
+        True, description="Log CPU, memory, disk, network (and GPU) use as system/ metrics, every 10 s."
+    )
 
 
 class ExperimentSpec(_Section):

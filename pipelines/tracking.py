@@ -18,6 +18,7 @@ import os
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ class Tracker:
         self._pending: list[Any] = []
         self._steps_since_flush = 0
         self.title = ""  # what the run's plots are titled with
+        self._system: Any = None  # MLflow's system-metrics monitor, while the run lives
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
         self._ended = False
 
@@ -183,6 +185,7 @@ class Tracker:
         self.run_id = run.info.run_id
         self.title = plot_title(run.info.run_name, knobs(spec))
         self.heartbeat.beat(self.run_id)
+        self._monitor_system(resumed=False)
         with self.failing():
             params = [Param(k, v[:6000]) for k, v in knobs(spec).items()]
             for i in range(0, len(params), _MAX_PARAMS):
@@ -213,6 +216,7 @@ class Tracker:
             self.client.delete_tag(run_id, "error")
         self._ended = False
         self.heartbeat.beat(run_id)
+        self._monitor_system(resumed=True)
         with self.failing():
             for step, metrics in enumerate(restored, 1):
                 self.on_metrics(step, metrics)
@@ -293,10 +297,28 @@ class Tracker:
         finally:
             self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
 
+    def _monitor_system(self, resumed: bool) -> None:
+        """MLflow's own CPU/memory/disk/network (and GPU) sampling into ``system/`` metrics
+        (the UI's System metrics tab); skipped, with a warning, where it cannot start."""
+        if not self.config.system_metrics:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._system = SystemMetricsMonitor(self.run_id, sampling_interval=10, resume_logging=resumed,
+                                                tracking_uri=self.uri)  # fmt: skip
+            self._system.start()
+        except Exception as err:  # e.g. psutil missing
+            warnings.warn(f"system metrics are not logged: {type(err).__name__}: {err}", stacklevel=2)
+            self._system = None
+
     def _end(self, status: str, label: str, tags: dict[str, str] | None = None) -> None:
         assert self.run_id is not None
         self._ended = True
         self.heartbeat.stop(self.run_id)
+        if self._system is not None:
+            self._system.finish()
+            self._system = None
         end_run(self.client, self.run_id, status, label, tags)
 
 

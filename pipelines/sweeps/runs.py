@@ -68,9 +68,10 @@ def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, r
     tags = {"sweep.status": "complete" if complete else "partial"}
     best = next((r for r in rows if r["state"] == "COMPLETE"), None)
     if best is not None:
-        metrics.append(Metric(f"best/{sweep.objective}", float(best["value"]), now, 0))
+        name = "best/" + sweep.objective.replace("/", "_")  # one "best" chart section, not "best/eval"
+        metrics.append(Metric(name, float(best["value"]), now, 0))
         if best["ci95"] is not None:
-            metrics.append(Metric(f"best/{sweep.objective}_ci95", float(best["ci95"]), now, 0))
+            metrics.append(Metric(f"{name}_ci95", float(best["ci95"]), now, 0))
         tags.update({"sweep.best_trial": str(best["number"]), "sweep.best_params": json.dumps(best["params"])})
     client.log_batch(parent, metrics=metrics, synchronous=True)
     if complete and best is None:  # every trial failed or was pruned: the sweep found nothing

@@ -54,7 +54,8 @@ def test_malformed_yaml_and_missing_file(store, tmp_path):
     assert runs(store) == []
 
 
-def test_run_through_the_cli_into_a_real_store(store, tmp_path):
+def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # 10 s by default: this run is shorter
     done = subprocess.run([*cli(), "run", str(QUICKSTART), *SHORT], capture_output=True, text=True, env=env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "summary" in done.stdout and "asyncrlhf ui" in done.stdout
@@ -89,6 +90,7 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path):
     assert rows[0][0] == "step" and [r[0] for r in rows[1:]] == ["0", "1", "2", "3", "4", "5", "6"]
     assert rows[1][rows[0].index("eval/accuracy")] == repr(start.value)
     assert "perf/bubble_frac_trainer" in run.data.metrics and "perf/tracking_frac" in run.data.metrics
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {
         "spec.yaml",
