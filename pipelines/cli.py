@@ -203,7 +203,7 @@ def _summary(result) -> None:  # type: ignore[no-untyped-def]
     table.add_row("MLflow run", str(result.run_id))
     table.add_row("store", str(result.tracking_uri))
     console.print(table)
-    console.print("Compare runs: [bold]asyncrlhf ui[/] (then open http://127.0.0.1:5000)")
+    console.print("Compare runs: [bold]asyncrlhf ui[/] (open the runs link it prints for this experiment)")
 
 
 @app.command()
@@ -296,7 +296,7 @@ def sweep(
     if result.complete and not any(row["state"] == "COMPLETE" for row in result.rows):
         errors.print("[bold red]error:[/] no trial completed: the sweep's parent run is marked FAILED")
         raise typer.Exit(1)
-    console.print("Compare trials: [bold]asyncrlhf ui[/] (open the parent run, or filter on tags.sweep.name)")
+    console.print("Compare trials: [bold]asyncrlhf ui[/] (open the experiment's runs link, expand the parent run)")
 
 
 def _short(value: object) -> str:
