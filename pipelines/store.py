@@ -56,8 +56,11 @@ def open_store(configured: str | None = None) -> Any:
         from filelock import FileLock
 
         with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300):
+            new = not Path(uri.removeprefix("sqlite:///")).exists()
             client = MlflowClient(tracking_uri=uri)  # the store: its tables created and migrated if needed
             client.search_experiments(max_results=1)
+            if new:  # MLflow makes an empty "Default" experiment nothing here uses: keep the UI's list to ours
+                client.delete_experiment("0")
     else:
         client = MlflowClient(tracking_uri=uri)
     reconcile(client)
