@@ -251,13 +251,14 @@ def sweep(
     max_trials: Annotated[
         int | None, typer.Option(help="Start at most this many trials now; run the command again to resume.")
     ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Apply the sweep file's own 'quick' overrides.")] = False,
 ) -> None:
     """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
     from pipelines.processes import exit_code, sigterm_interrupts
     from pipelines.sweeps import format_value, load_sweep, run_sweep
 
     try:
-        spec, base = load_sweep(sweep_file, set_ or [])
+        spec, base = load_sweep(sweep_file, set_ or [], quick=quick)
     except SpecError as err:
         errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import subprocess
@@ -304,6 +305,8 @@ class Tracker:
             return
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop lines per run
 
             self._system = SystemMetricsMonitor(self.run_id, sampling_interval=10, resume_logging=resumed,
                                                 tracking_uri=self.uri)  # fmt: skip

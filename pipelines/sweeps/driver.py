@@ -31,7 +31,7 @@ from pipelines.specfile import SpecError, run_name_for, set_path
 from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import SweepReport, trial_rows
-from pipelines.sweeps.spec import SweepSpec
+from pipelines.sweeps.spec import SweepSpec, choice_value
 from pipelines.sweeps.trial import TrialRunner
 from pipelines.tracking import Tracker, end_run, new_run, open_store, resolve_tracking_uri
 
@@ -233,7 +233,7 @@ class _Driver:
         self.started += 1
         data = copy.deepcopy(self.base)
         for key, value in params.items():
-            set_path(data, key, value)
+            set_path(data, key, choice_value(self.sweep.space[key], value))
         try:
             spec_from_dict(self._job_data(data, trial.number, self.seeds[0], params), source=f"trial {trial.number}")
         except SpecError as err:  # an invalid combination: a failed trial, the sweep goes on

@@ -90,7 +90,8 @@ def staleness_axes(sweep: SweepSpec) -> tuple[str, str | None] | None:
     key = next((k for k in STALENESS_KEYS if k in sweep.space), None)
     if key is None:
         return None
-    return key, "algorithm.name" if "algorithm.name" in sweep.space else None
+    algo = next((k for k in ("algorithm.name", "algorithm") if k in sweep.space), None)  # a name, or whole sections
+    return key, algo
 
 
 def staleness_table(sweep: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, dict[Any, SeedSummary]]:

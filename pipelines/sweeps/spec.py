@@ -22,6 +22,8 @@ __all__ = [
     "SweepRuntimeSpec",
     "SweepSpec",
     "TrialResourcesSpec",
+    "choice_label",
+    "choice_value",
     "load_sweep",
     "sweep_base",
 ]
@@ -109,12 +111,24 @@ class SweepSpec(_Section):
         default_factory=lambda: TrackingSpec(experiment="sweeps"), description="MLflow (parent and child runs)."
     )
 
+    quick: list[str] = Field(
+        default_factory=list,
+        description="Overrides of this sweep file applied by `asyncrlhf sweep --quick` (a smaller, faster variant).",
+    )
+
     @field_validator("space")
     @classmethod
     def _values(cls, space: dict[str, Any]) -> dict[str, Any]:
         for key, values in space.items():
             if isinstance(values, list) and not values:
                 raise ValueError(f"{key}: empty list of values")
+            if isinstance(values, list) and any(isinstance(v, dict) for v in values):
+                if not all(isinstance(v, dict) for v in values):
+                    raise ValueError(f"{key}: mix of mappings and plain values")
+                labels = [choice_label(v) for v in values]
+                repeated = sorted({label for label in labels if labels.count(label) > 1})
+                if repeated:
+                    raise ValueError(f"{key}: two choices labelled {repeated}: give each a distinct 'label'")
         return space
 
     @field_validator("seeds")
@@ -172,15 +186,44 @@ class SweepSpec(_Section):
         return self.name
 
 
-def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[SweepSpec, dict[str, Any]]:
+def choice_label(value: Any) -> str:
+    """A swept value as Optuna and MLflow see it: itself, or for a whole section given as
+    a mapping, its ``label`` (default: its values joined with ``/``)."""
+    if not isinstance(value, dict):
+        return value
+    return str(value.get("label") or "/".join(str(v) for v in value.values()))
+
+
+def choice_value(values: list[Any] | Any, label: Any) -> Any:
+    """What a suggested ``label`` sets: the mapping it labels (without ``label``), or itself."""
+    if isinstance(values, list):
+        for value in values:
+            if isinstance(value, dict) and choice_label(value) == label:
+                return {k: v for k, v in value.items() if k != "label"}
+    return label
+
+
+def load_sweep(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), quick: bool = False
+) -> tuple[SweepSpec, dict[str, Any]]:
     """Read and validate a sweep file; returns the sweep and its base experiment as a
     mapping (base file + the sweep's overrides), checked against the search space.
+    ``quick`` applies the file's own ``quick`` overrides first.
 
     Every swept field is tried with one of its values so a typo in a dotted path fails
     here, naming the key, before any trial starts.
     """
     path = Path(path)
-    data = apply_overrides(read_yaml(path), overrides)
+    data = read_yaml(path)
+    if quick:
+        if not data.get("quick"):
+            raise SpecError(f"{path}: --quick, but the sweep has no 'quick' overrides")
+        # A key of the sweep (name, seeds, space…) changes the sweep; any other is one more
+        # override of its base experiment (trainer.steps=…).
+        own = [o for o in data["quick"] if o.partition("=")[0].split(".")[0] in SweepSpec.model_fields]
+        data = apply_overrides(data, own)
+        data["overrides"] = [*data.get("overrides", []), *(o for o in data["quick"] if o not in own)]
+    data = apply_overrides(data, overrides)
     try:
         sweep = SweepSpec.model_validate(data)
     except ValidationError as err:
@@ -204,7 +247,7 @@ def sweep_base(sweep: SweepSpec, folder: Path = Path(".")) -> dict[str, Any]:
     for key, values in sweep.space.items():
         if isinstance(values, RangeSpec) and values.type == "float" and _integer_field(base, key, values):
             values.type = "int"  # a float range over an integer field samples integers
-        probe = values[0] if isinstance(values, list) else values.probe()
+        probe = choice_value(values, choice_label(values[0])) if isinstance(values, list) else values.probe()
         try:
             spec_from_dict(set_path(copy.deepcopy(base), key, probe), source=source)
         except SpecError as err:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.specfile import SpecError
-from pipelines.sweeps.spec import SweepSpec
+from pipelines.sweeps.spec import SweepSpec, choice_label
 
 __all__ = ["counted", "default_storage", "driver_lock", "interrupt", "make_study", "stale_trials", "suggest"]
 
@@ -109,15 +109,16 @@ def make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
         )
     if sweep.method == "grid":
         keys = list(sweep.space)
-        for combo in itertools.islice(itertools.product(*sweep.space.values()), sweep.num_trials):
+        labels = [[choice_label(v) for v in values] for values in sweep.space.values()]
+        for combo in itertools.islice(itertools.product(*labels), sweep.num_trials):
             study.enqueue_trial(dict(zip(keys, combo, strict=True)), skip_if_exists=True)
     return study
 
 
 def suggest(trial: Any, key: str, values: Any) -> Any:
     """The trial's value of one swept field (a list: categorical; a range: int or float)."""
-    if isinstance(values, list):
-        return trial.suggest_categorical(key, values)
+    if isinstance(values, list):  # a mapping (a whole section) is suggested by its label
+        return trial.suggest_categorical(key, [choice_label(v) for v in values])
     if values.type == "int":
         step = int(values.step or 1)
         return trial.suggest_int(key, int(values.low), int(values.high), step=step, log=values.log)

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from pipelines.specfile import SpecError
 from pipelines.sweeps import default_storage, load_sweep, run_sweep
+from pipelines.sweeps.spec import choice_label, choice_value
 from tests.pipelines.conftest import REPO, cli, env
 
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
@@ -322,3 +323,21 @@ def test_a_sweep_where_no_trial_completes_fails(store, tmp_path):
     parent, children = sweep_runs(store)
     assert parent.info.status == "FAILED" and parent.data.tags["sweep.status"] == "failed"
     assert [c.info.status for c in children] == ["FAILED"]
+
+
+def test_the_staleness_study_sweeps_whole_algorithm_sections_and_has_a_quick_variant(tmp_path):
+    study = REPO / "experiments" / "staleness_study.yaml"
+    full, base = load_sweep(study)
+    quick, quick_base = load_sweep(study, quick=True)
+    assert (full.name, full.seeds, full.num_trials) == ("staleness_study", [0, 1, 2], 20)
+    assert (quick.name, quick.seeds, quick.num_trials) == ("staleness_study_quick", [0], 20)
+    assert quick_base["trainer"]["steps"] == 60 and base["trainer"]["steps"] == 600  # the quick start's
+    # A section given as a mapping is suggested by its label and sets the whole section.
+    labels = [choice_label(v) for v in full.space["algorithm"]]
+    assert labels == ["grpo", "m2po_trust_region", "m2po_batch", "decoupled_ppo", "no_trust_region"]
+    assert choice_value(full.space["algorithm"], "m2po_trust_region") == {"name": "m2po", "m2_mode": "trust_region"}
+    bad = write_sweep(tmp_path, space={"algorithm": [{"name": "grpo"}, {"name": "grpo"}]})
+    with pytest.raises(SpecError, match=r"two choices labelled \['grpo'\]"):
+        load_sweep(bad)
+    with pytest.raises(SpecError, match="--quick, but the sweep has no 'quick' overrides"):
+        load_sweep(bad, quick=True)
