@@ -341,3 +341,11 @@ def test_the_staleness_study_sweeps_whole_algorithm_sections_and_has_a_quick_var
         load_sweep(bad)
     with pytest.raises(SpecError, match="--quick, but the sweep has no 'quick' overrides"):
         load_sweep(bad, quick=True)
+
+
+def test_a_bad_range_names_the_field_without_pydantic_internals(tmp_path):
+    bad = write_sweep(tmp_path, method="optuna", trials=2, space={"trainer.lr": {"low": 1e-4, "high": -1}})
+    with pytest.raises(SpecError) as caught:
+        load_sweep(bad)
+    assert "space.trainer.lr: low=0.0001 must be below high=-1.0" in str(caught.value)
+    assert "function-after" not in str(caught.value) and "valid list" not in str(caught.value)

@@ -77,3 +77,18 @@ def test_text_reward_cuts_at_eos_and_decodes(tokenizer):
 def test_text_reward_rejects_mismatched_references(tokenizer):
     with pytest.raises(ValueError, match="references"):
         text_reward(torch.ones(2, 2, dtype=torch.long), tokenizer, lambda t, r: 0.0, references=["a"])
+
+
+def test_a_broken_reward_module_is_one_clear_error(tmp_path, monkeypatch):
+    """A syntax error (with its file and line) or an exception at import: a ValueError
+    naming the kind, never a traceback out of spec validation."""
+    (tmp_path / "broken_syntax.py").write_text("def score(:\n")
+    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"reward kind 'broken_syntax.score': importing 'broken_syntax' failed: "
+                                         r"SyntaxError: .*broken_syntax\.py, line 1"):  # fmt: skip
+        get_reward("broken_syntax.score")
+    with pytest.raises(ValueError, match="importing 'raises_at_import' failed: RuntimeError: no GPU here"):
+        get_reward("raises_at_import:score")
+    with pytest.raises(ValueError, match=r"module 'tests\.rewards\.reference' has no attribute 'nope'"):
+        get_reward("tests.rewards.reference:nope")
