@@ -11,27 +11,44 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["end_group", "exit_code", "serve", "sigterm_interrupts"]
+__all__ = ["end_group", "exit_code", "serve", "sigterm_interrupts", "stop_requested"]
+
+
+_received: list[str] = []  # signals sigterm_interrupts caught in this process, while it is active
 
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[list[str]]:
-    """While inside, SIGTERM raises KeyboardInterrupt like Ctrl-C (``timeout``, ``docker
+    """While inside, SIGTERM (and Ctrl-C) raise KeyboardInterrupt (``timeout``, ``docker
     stop``, Slurm and Kubernetes send SIGTERM), so one clean-up path serves both. The list
     yielded records the signal's name: libraries between the handler and the caller (Ray
     waits, for one) may re-raise a bare KeyboardInterrupt, so the exit code is taken from
-    it, not from the exception."""
+    it, not from the exception.
+
+    An exception raised by a signal handler is lost if it lands in a weakref callback or a
+    ``__del__`` ("Exception ignored in…"); a loop that must stop on a signal also polls
+    :func:`stop_requested`.
+    """
     received: list[str] = []
 
     def handler(signum: int, frame: Any) -> None:
-        received.append(signal.Signals(signum).name)
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        received.append(name)
+        _received.append(name)
+        raise KeyboardInterrupt(name)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield received
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        _received.clear()
+
+
+def stop_requested() -> str | None:
+    """The signal :func:`sigterm_interrupts` caught, if any (its interrupt may have been lost)."""
+    return _received[-1] if _received else None
 
 
 def exit_code(received: list[str]) -> int:

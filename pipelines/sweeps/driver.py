@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
+from pipelines.processes import stop_requested
 from pipelines.spec import spec_from_dict
 from pipelines.specfile import SpecError, run_name_for, set_path
 from pipelines.sweeps import runs as sweep_runs
@@ -185,6 +186,9 @@ class _Driver:
         from ray.exceptions import RayActorError
 
         while True:
+            signalled = stop_requested()
+            if signalled is not None:  # its KeyboardInterrupt was swallowed (a weakref callback, a __del__)
+                raise KeyboardInterrupt(signalled)
             self._fill()
             if not self.refs:
                 return
