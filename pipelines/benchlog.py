@@ -84,29 +84,16 @@ def _table(comparisons: list[Any]) -> dict[str, list[Any]]:
 
 
 def _plot_trend(client: Any, suite: str, run_id: str, path: Path) -> Path | None:
-    """Each gated figure's median over this suite's runs, oldest first, labelled by commit."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Each figure of this run over the suite's runs, oldest first, labelled by commit."""
+    from pipelines.plots import plot_trend
 
     experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id], f"tags.suite = '{suite}'", order_by=["start_time ASC"],
                               max_results=200)  # fmt: skip
     names = sorted({k for r in runs if r.info.run_id == run_id for k in r.data.metrics})
-    if not names or len(runs) < 1:
+    if not names:
         return None
     labels = [(r.data.tags.get("mlflow.source.git.commit") or "?")[:7] for r in runs]
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 1.8 * len(names) + 0.6), squeeze=False, sharex=True)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        values = [r.data.metrics.get(name) for r in runs]
-        xs = [i for i, v in enumerate(values) if v is not None]
-        ax.plot(xs, [values[i] for i in xs], marker="o")
-        ax.set_title(name, fontsize=8, loc="left")
-        ax.tick_params(labelsize=7)
-    axes[-1, 0].set_xticks(range(len(runs)), labels, rotation=45, fontsize=7)
-    axes[-1, 0].set_xlabel("benchmark runs of suite " + json.dumps(suite) + ", by commit")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    series = {name: [r.data.metrics.get(name) for r in runs] for name in names}
+    plot_trend(series, labels, f"benchmark runs of suite {json.dumps(suite)}, by commit", path)
     return path

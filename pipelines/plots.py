@@ -10,7 +10,7 @@ from typing import Any
 
 from asyncrlhf.orchestration import RunHistory
 
-__all__ = ["plot_curves", "plot_objective", "plot_run_staleness", "plot_staleness", "plot_timeline"]
+__all__ = ["plot_curves", "plot_objective", "plot_run_staleness", "plot_staleness", "plot_timeline", "plot_trend"]
 
 _GANTT_MAX_EVENTS = 300  # beyond this a Gantt chart is a barcode: the timeline shows shares per time bin
 
@@ -187,4 +187,20 @@ def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, t
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_trend(series: dict[str, list[float | None]], labels: list[str], xlabel: str, path: Path) -> None:
+    """One panel per figure: its value in each run (None: not measured), runs labelled."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(series), 1, figsize=(8, 1.8 * len(series) + 0.6), squeeze=False, sharex=True)
+    for ax, (name, values) in zip(axes[:, 0], series.items(), strict=True):
+        xs = [i for i, v in enumerate(values) if v is not None]
+        ax.plot(xs, [values[i] for i in xs], marker="o")
+        ax.set_title(name, fontsize=8, loc="left")
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xticks(range(len(labels)), labels, rotation=45, fontsize=7)
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
     plt.close(fig)
