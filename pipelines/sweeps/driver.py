@@ -125,8 +125,7 @@ def _run_locked(
     """:func:`run_sweep` while holding the study's driver lock."""
     client = open_store(uri)
     study = studies.make_study(sweep, base, storage)
-    for stale in studies.stale_trials(study):  # left RUNNING by a killed driver
-        sweep_runs.interrupt(study, client, stale.number, stale.params, stale.user_attrs.get("mlflow_run_ids", {}))
+    sweep_runs.interrupt_stale(study, client)  # trials left RUNNING by a killed driver
     parent = sweep_runs.parent_run(client, sweep, study, storage)
     driver = _Driver(sweep, base, study, client, parent, max_trials, on_trial)
     try:
@@ -216,7 +215,9 @@ class _Driver:
             self._launch(config, config.pending.pop(0))
 
     def interrupt(self) -> None:
-        """Cut off: open trials failed as interrupted, their params queued again."""
+        """Cut off: open trials failed as interrupted, their params queued again; also a
+        trial Optuna has opened but this driver not yet registered (cut off in ``ask``):
+        this driver holds the study's lock, so every RUNNING trial is its own."""
         import ray
 
         for config in self.configs.values():
@@ -227,6 +228,7 @@ class _Driver:
             sweep_runs.interrupt(self.study, self.client, config.trial.number, config.params,
                        {str(job.seed): job.tracker.run_id for job in config.jobs.values()})  # fmt: skip
         self.configs.clear()
+        sweep_runs.interrupt_stale(self.study, self.client)
 
     # ---------------------------------------------------------------- trials
     def _ask(self) -> _Config | None:

@@ -15,7 +15,7 @@ from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.tracking import end_run, new_run
 
-__all__ = ["interrupt", "log_summary", "parent_run", "seed_key"]
+__all__ = ["interrupt", "interrupt_stale", "log_summary", "parent_run", "seed_key"]
 
 
 def interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_ids: dict[str, str]) -> None:
@@ -28,6 +28,13 @@ def interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_
             end_run(client, run_id, "KILLED", "interrupted")
             resumable[seed_key(params, int(seed))] = run_id
     study.set_user_attr("resumable", resumable)
+
+
+def interrupt_stale(study: Any, client: Any) -> None:
+    """:func:`interrupt` each trial still RUNNING in the study, with the parameters Optuna
+    fixed for it if it was cut off before suggesting them."""
+    for trial in studies.stale_trials(study):
+        interrupt(study, client, trial.number, studies.trial_params(trial), trial.user_attrs.get("mlflow_run_ids", {}))
 
 
 def seed_key(params: dict[str, Any], seed: int) -> str:

@@ -29,7 +29,9 @@ from typing import Any
 from pipelines.specfile import SpecError
 from pipelines.sweeps.spec import SweepSpec, choice_label
 
-__all__ = ["counted", "default_storage", "driver_lock", "interrupt", "make_study", "stale_trials", "suggest"]
+__all__ = [
+    "counted", "default_storage", "driver_lock", "interrupt", "make_study", "stale_trials", "suggest", "trial_params",
+]  # fmt: skip
 
 INTERRUPTED = "interrupted"  # study attribute: numbers of trials cut off by an interrupt
 
@@ -133,6 +135,12 @@ def interrupt(study: Any, number: int, params: dict[str, Any]) -> None:
     study.set_user_attr(INTERRUPTED, sorted(cut | {number}))
     study.tell(number, state=TrialState.FAIL)
     study.enqueue_trial(params)
+
+
+def trial_params(trial: Any) -> dict[str, Any]:
+    """A trial's parameters, also when it was cut off before suggesting them: then the
+    values Optuna fixed for it (a grid point, an enqueued trial) are its parameters."""
+    return dict(trial.params or trial.system_attrs.get("fixed_params", {}))
 
 
 def stale_trials(study: Any) -> list[Any]:

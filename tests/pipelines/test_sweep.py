@@ -349,3 +349,19 @@ def test_a_bad_range_names_the_field_without_pydantic_internals(tmp_path):
         load_sweep(bad)
     assert "space.trainer.lr: low=0.0001 must be below high=-1.0" in str(caught.value)
     assert "function-after" not in str(caught.value) and "valid list" not in str(caught.value)
+
+
+def test_a_trial_cut_off_before_suggesting_is_queued_again_with_its_fixed_values():
+    """SIGTERM can land in ``study.ask()`` after Optuna opened the trial (a grid point,
+    its values only in ``fixed_params``) but before the driver registered it: once such a
+    trial was left RUNNING, and its empty ``params`` would have been queued again."""
+    from pipelines.sweeps import runs as runs_mod
+
+    study = optuna.create_study()
+    study.enqueue_trial({"orchestrator.lag": 2})
+    cut = study.ask()  # opened, nothing suggested yet
+    assert cut.params == {} and study.trials[0].state.name == "RUNNING"
+    runs_mod.interrupt_stale(study, client=None)  # no MLflow runs to end
+    assert study.trials[0].state.name == "FAIL" and study.user_attrs["interrupted"] == [0]
+    again = study.ask()
+    assert again.suggest_categorical("orchestrator.lag", [0, 2]) == 2
