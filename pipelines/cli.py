@@ -119,8 +119,8 @@ def export(
 def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None:
     from pipelines.checkpoints import CheckpointError
     from pipelines.fit import check_fits
-    from pipelines.processes import exit_code, sigterm_interrupts
-    from pipelines.run import InterruptedBeforeRun, RunInterrupted, check_resume, run_experiment
+    from pipelines.processes import InterruptedBeforeRun, RunInterrupted, exit_code, sigterm_interrupts
+    from pipelines.run import check_resume, run_experiment
 
     try:  # before anything is shown or built
         check_fits(experiment)

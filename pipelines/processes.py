@@ -7,11 +7,15 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["end_group", "exit_code", "serve", "sigterm_interrupts", "stop_requested"]
+__all__ = [
+    "InterruptedBeforeRun", "RunInterrupted", "end_group", "exit_code", "serve", "sigterm_interrupts",
+    "stop_on_signals", "stop_requested",
+]  # fmt: skip
 
 
 _received: list[str] = []  # signals sigterm_interrupts caught in this process, while it is active
@@ -96,3 +100,34 @@ def end_group(pgid: int, grace_s: float = 10.0) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM, or a first Ctrl-C: the run stopped at a step boundary, checkpointed."""
+
+
+class InterruptedBeforeRun(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C while building, before any MLflow run existed."""
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[list[str]]:
+    """While inside, SIGTERM and a first SIGINT ask the run to stop after the current
+    step (the list yielded gets the signal's name); a second SIGINT interrupts at once.
+    Outside the main thread (a sweep trial's actor) signals are left alone."""
+    requested: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        requested.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield requested
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

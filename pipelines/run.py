@@ -6,10 +6,8 @@ import contextlib
 import copy
 import functools
 import random
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +23,11 @@ from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
 from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
 from pipelines.fit import check_fits
+from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals
 from pipelines.spec import ExperimentSpec, TrackingSpec, spec_from_dict
 from pipelines.specfile import SpecError, flatten, spec_hash
 
 __all__ = [
-    "InterruptedBeforeRun",
-    "RunInterrupted",
     "RunResult",
     "build_orchestrator",
     "build_task",
@@ -38,7 +35,6 @@ __all__ = [
     "resume_key",
     "run_experiment",
     "seed_everything",
-    "stop_on_signals",
     "tiny_configs",
 ]
 
@@ -134,12 +130,16 @@ def _engine(
     )  # fmt: skip
 
 
-def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None = None) -> Any:
+def build_orchestrator(
+    spec: ExperimentSpec, on_metrics: MetricsCallback | None = None, on_table: Callable[..., None] | None = None
+) -> Any:
     """Model, task, engine, reward, trainer and orchestrator, all from the spec.
 
     ``runtime.kind: local`` gives an :class:`Orchestrator` (threads in this process);
     ``ray`` gives a :class:`~asyncrlhf.distributed.RayOrchestrator`, whose actors build
     their own engine and trainer from the same spec (Ray must be initialised).
+    ``on_table(step, rows)`` gets each evaluation's first ``tracking.eval_samples``
+    problems, decoded (prompt, answer, output, correct).
     """
     seed_everything(spec.seed)
     if spec.runtime.torch_threads is not None and spec.runtime.kind == "local":
@@ -153,24 +153,32 @@ def build_orchestrator(spec: ExperimentSpec, on_metrics: MetricsCallback | None 
 
         tokenizer = load_tokenizer(path)
         task = build_task(spec, tokenizer)
-        runtime = spec.runtime
+        runtime, held_out = spec.runtime, task.eval_problems()
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
             task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
-            task.eval_problems(), rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
+            held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
             workers=rollout.workers, rollout_resources=_resources(runtime.rollout, runtime.torch_threads),
             trainer_resources=_resources(runtime.trainer, runtime.torch_threads), max_restarts=runtime.max_restarts,
-            seed=spec.seed + 1,
+            seed=spec.seed + 1, on_eval=_on_eval(spec, held_out, tokenizer, on_table),
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
     task = build_task(spec, tokenizer)
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
+    held_out = task.eval_problems()
     return Orchestrator(
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
-        task.eval_problems(), rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
+        held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
+        on_eval=_on_eval(spec, held_out, tokenizer, on_table),
     )  # fmt: skip
+
+
+def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table: Callable[..., None] | None) -> Any:
+    from pipelines.evaltable import table_callback
+
+    return None if on_table is None else table_callback(problems, tokenizer, spec.tracking.eval_samples, on_table)
 
 
 def _resources(actor: Any, default_threads: int | None) -> Any:
@@ -194,37 +202,6 @@ def _actor_trainer(spec: ExperimentSpec, path: str) -> TrainerWorker:
     seed_everything(spec.seed)
     model, tokenizer = load_pretrained(path, _device(spec))
     return _trainer(spec, model, tokenizer)
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """SIGTERM, or a first Ctrl-C: the run stopped at a step boundary, checkpointed."""
-
-
-class InterruptedBeforeRun(KeyboardInterrupt):
-    """SIGTERM or Ctrl-C while building, before any MLflow run existed."""
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[list[str]]:
-    """While inside, SIGTERM and a first SIGINT ask the run to stop after the current
-    step (the list yielded gets the signal's name); a second SIGINT interrupts at once.
-    Outside the main thread (a sweep trial's actor) signals are left alone."""
-    requested: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield requested
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        requested.append(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield requested
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def resume_key(spec: ExperimentSpec) -> str:
@@ -302,7 +279,8 @@ def run_experiment(
                 runtime = spec.runtime
                 stack.enter_context(ray_runtime(runtime.address, runtime.num_cpus, runtime.num_gpus))
             try:
-                orchestrator = build_orchestrator(spec, on_metrics=fan_out)
+                on_table = tracker.on_eval_rows if tracker else None
+                orchestrator = build_orchestrator(spec, on_metrics=fan_out, on_table=on_table)
             except (ValueError, OSError) as err:  # the spec's data or model cannot be used: no run exists yet
                 raise SpecError(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err)) from err
             if spec.runtime.kind == "ray":

@@ -233,6 +233,9 @@ class TrackingSpec(_Section):
     system_metrics: bool = Field(
         True, description="Log CPU, memory, disk, network (and GPU) use as system/ metrics, every 10 s."
     )
+    eval_samples: int = Field(
+        32, ge=0, description="Held-out problems per evaluation logged to the eval/samples.json table (0: none)."
+    )
 
 
 class ExperimentSpec(_Section):

@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEARTBEAT_TAG", "OWNER_TAG", "STALE_AFTER_S", "Heartbeat", "end_run", "open_store", "owner_tags",
-           "reconcile", "resolve_tracking_uri"]  # fmt: skip
+__all__ = ["ARTIFACTS_TAG", "HEARTBEAT_TAG", "OWNER_TAG", "STALE_AFTER_S", "Heartbeat", "end_run", "open_store",
+           "owner_tags", "reconcile", "relocate", "resolve_tracking_uri"]  # fmt: skip
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
 OWNER_TAG, HEARTBEAT_TAG = "asyncrlhf.owner", "asyncrlhf.heartbeat"
+ARTIFACTS_TAG = "asyncrlhf.artifacts"  # experiment tag: its artifacts live beside the store's database
 HEARTBEAT_S = 60.0  # how often a live run refreshes its heartbeat
 STALE_AFTER_S = 15 * 60.0  # a run of another host with no heartbeat for this long is dead
 _opened: dict[str, Any] = {}
@@ -61,11 +62,43 @@ def open_store(configured: str | None = None) -> Any:
             client.search_experiments(max_results=1)
             if new:  # MLflow makes an empty "Default" experiment nothing here uses: keep the UI's list to ours
                 client.delete_experiment("0")
+            relocate(Path(uri.removeprefix("sqlite:///")))
     else:
         client = MlflowClient(tracking_uri=uri)
     reconcile(client)
     _opened[uri] = client
     return client
+
+
+def relocate(db: Path) -> list[str]:
+    """Point the artifacts of a moved or copied store (a renamed clone, the ``mlflow``
+    folder copied elsewhere) at the ``artifacts`` folder beside its database now; the ids
+    of the experiments moved.
+
+    MLflow stores an experiment's artifact location as an absolute URI when the
+    experiment is created, so a moved store would go on writing into (or reading from)
+    the old folder. Experiments created here (tagged ``asyncrlhf.artifacts``), and older
+    ones whose artifacts were beside a database in a folder of the same name, are moved;
+    an experiment given another location is left alone.
+    """
+    import sqlite3
+
+    root = (db.resolve().parent / "artifacts").as_uri()
+    moved: list[str] = []
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as con, con:
+        tagged = {row[0] for row in con.execute("SELECT experiment_id FROM experiment_tags WHERE key = ?",
+                                                (ARTIFACTS_TAG,))}  # fmt: skip
+        for experiment, old in con.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall():
+            ours = experiment in tagged or (old or "").endswith(f"/{db.parent.name}/artifacts")
+            if not ours or old == root or not (old or "").startswith("file://"):
+                continue
+            con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (root, experiment))
+            for table, column in [("runs", "artifact_uri"), ("logged_models", "artifact_location")]:
+                con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                            f"WHERE experiment_id = ? AND substr({column}, 1, ?) = ?",
+                            (root, len(old) + 1, experiment, len(old) + 1, old + "/"))  # fmt: skip
+            moved.append(str(experiment))
+    return moved
 
 
 def owner_tags() -> dict[str, str]:

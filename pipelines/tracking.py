@@ -27,9 +27,18 @@ from typing import Any
 import yaml
 
 from asyncrlhf.orchestration import RunHistory
+from pipelines.evaltable import TABLE_FILE, logged_until
 from pipelines.spec import ExperimentSpec, TrackingSpec
 from pipelines.specfile import flatten, spec_hash
-from pipelines.store import DEFAULT_TRACKING_URI, Heartbeat, end_run, open_store, owner_tags, resolve_tracking_uri
+from pipelines.store import (
+    ARTIFACTS_TAG,
+    DEFAULT_TRACKING_URI,
+    Heartbeat,
+    end_run,
+    open_store,
+    owner_tags,
+    resolve_tracking_uri,
+)
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -64,7 +73,9 @@ def experiment_id_for(client: Any, name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_root_for(uri), tags=EXPERIMENT_TAGS)
+    root = artifact_root_for(uri)
+    tags = {**EXPERIMENT_TAGS, ARTIFACTS_TAG: "beside-store"} if root else EXPERIMENT_TAGS
+    return client.create_experiment(name, artifact_location=root, tags=tags)
 
 
 def tag_experiments(client: Any) -> list[Any]:
@@ -152,6 +163,7 @@ class Tracker:
         self.title = ""  # what the run's plots are titled with
         self._system: Any = None  # MLflow's system-metrics monitor, while the run lives
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
+        self._table_until = -1  # and evaluations up to here are in its table
         self._ended = False
 
     # ------------------------------------------------------------- lifecycle
@@ -207,6 +219,7 @@ class Tracker:
         self.title = plot_title(run.info.run_name, run.data.params)
         history = self.client.get_metric_history(run_id, "loss/policy")
         self._logged_until = max((m.step for m in history), default=0)
+        self._table_until = logged_until(self.client, run_id)
         count = int(run.data.tags.get("resume.count", "0")) + 1
         steps = [*json.loads(run.data.tags.get("resume.from_steps", "[]")), from_step]
         tags = {"resume.count": str(count), "resume.from_steps": json.dumps(steps), "asyncrlhf.status": "running",
@@ -252,6 +265,16 @@ class Tracker:
             self.flush()
         self.step_seconds += time.perf_counter() - begin
 
+    def on_eval_rows(self, step: int, rows: dict[str, list[Any]]) -> None:
+        """One evaluation's rows, appended to the run's ``eval/samples.json`` table."""
+        if step <= self._table_until:
+            return
+        begin = time.perf_counter()
+        with warnings.catch_warnings():  # MLflow's own pandas 3 deprecation, nothing of ours
+            warnings.filterwarnings("ignore", message=".*select_dtypes.*")
+            self.client.log_table(self.run_id, data=rows, artifact_file=TABLE_FILE)
+        self.step_seconds += time.perf_counter() - begin
+
     def flush(self) -> None:
         assert self.run_id is not None, "start() first"
         pending, self._pending, self._steps_since_flush = self._pending, [], 0
@@ -267,12 +290,12 @@ class Tracker:
         begin = time.perf_counter()
         self.flush()
         now = int(time.time() * 1000)
-        # Whole-run figures; those the per-step stream already carries (cumulative
-        # throughput) are not logged twice at the last step.
+        # Whole-run figures, at step 0: one value each, which MLflow's charts draw as a bar
+        # (at the last step they were lone dots on a 399–400.5 axis). Those the per-step
+        # stream already carries (cumulative throughput) are not logged again.
         per_step = set(history.steps[-1]) if history.steps else set()
         summary = {k: v for k, v in {**history.summary, **(extra or {})}.items() if k not in per_step}
-        last = len(history.steps)
-        final = [Metric(k, float(v), now, last) for k, v in summary.items() if math.isfinite(v)]
+        final = [Metric(k, float(v), now, 0) for k, v in summary.items() if math.isfinite(v)]
         self.client.log_batch(self.run_id, metrics=final, synchronous=True)
         with tempfile.TemporaryDirectory(prefix="asyncrlhf-") as tmp:
             artifacts = Path(tmp)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.models import weights_checksum
+from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.schedule import Schedule, TrainerSide
 from asyncrlhf.orchestration.weights import Snapshot
 from asyncrlhf.rollout.worker import RolloutWorker
@@ -169,7 +170,7 @@ class TrainerActor:
         assert published is not None
         return published
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> Evaluation:
         return self.side.evaluate()
 
     def train(self, step: int, *chunks: list[Experience]) -> dict[str, Any]:
@@ -181,9 +182,9 @@ class TrainerActor:
                 f"step {step}: the buffer refused {pushed.count(False)} experiences or returned {len(groups)} of "
                 f"{self.prompts_per_step} groups: data outside the staleness bound reached the trainer"
             )
-        metrics, staleness, samples = self.side.step(step, groups)
+        metrics, staleness, samples, evaluation = self.side.step(step, groups)
         out = {"metrics": metrics, "staleness": staleness, "published": self.published, "events": self.events,
-               "samples": samples}  # fmt: skip
+               "samples": samples, "evaluation": evaluation}  # fmt: skip
         self.published, self.events = None, []
         return out
 

@@ -38,6 +38,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
 from asyncrlhf.distributed.resources import ActorResources, check_capacity
+from asyncrlhf.orchestration.evaluate import EvalCallback
 from asyncrlhf.orchestration.history import RunHistory
 from asyncrlhf.orchestration.schedule import MetricsCallback, Schedule, StepRecorder
 from asyncrlhf.orchestration.weights import WeightStore
@@ -104,7 +105,7 @@ class RayOrchestrator:
         trainer_factory: ``fn() -> TrainerWorker``, called inside the trainer actor.
         problems: training problems (drawn by the driver, sent with each chunk).
         reward_fn, eos_token_id, pad_token_id, schedule, scale_advantages, verify_weights,
-            on_metrics, timeout_s: as for the in-process
+            on_metrics, timeout_s, on_eval: as for the in-process
             :class:`~asyncrlhf.orchestration.Orchestrator`.
         eval_problems: held-out problems, evaluated greedily in the trainer actor.
         max_new_tokens: response cap of the greedy evaluation.
@@ -135,6 +136,7 @@ class RayOrchestrator:
         trainer_resources: ActorResources = ActorResources(),
         max_restarts: int = 3,
         seed: int = 0,
+        on_eval: EvalCallback | None = None,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
@@ -168,7 +170,7 @@ class RayOrchestrator:
         self.trainer_checksums: dict[int, str] = {}
         self.restarts = 0
         self.published = WeightStore(keep=schedule.keep)  # snapshots of [object ref]
-        self.recorder = StepRecorder(schedule.mode, on_metrics)
+        self.recorder = StepRecorder(schedule.mode, on_metrics, on_eval)
         self._restored = False
         self._run: _RunState | None = None
 
@@ -189,7 +191,7 @@ class RayOrchestrator:
         recorder.begin(keep_elapsed=self._restored)
         startup = recorder.t0 - begin
         if self.schedule.eval_every and not self._restored:
-            recorder.initial({"eval/accuracy": self._get(self.trainer.evaluate.remote())})
+            recorder.initial(self._get(self.trainer.evaluate.remote()))
 
         done = recorder.steps_done
         run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))
@@ -255,7 +257,7 @@ class RayOrchestrator:
         if out["published"] is not None:
             self._add_published(out["published"])
         out["metrics"]["faults/rollout_restarts"] = float(self.restarts)
-        self.recorder.step(out["metrics"], out["staleness"], out["samples"])
+        self.recorder.step(out["metrics"], out["staleness"], out["samples"], out["evaluation"])
         run.next_train += 1
 
     def _chunk_done(self, run: _RunState, ref: Any) -> None:

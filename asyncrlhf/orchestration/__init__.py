@@ -1,6 +1,6 @@
 """Coordination of rollout and training: versions, prompts, weights and the orchestrator."""
 
-from asyncrlhf.orchestration.evaluate import evaluate_accuracy
+from asyncrlhf.orchestration.evaluate import Evaluation, evaluate, evaluate_accuracy
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
 from asyncrlhf.orchestration.orchestrator import Orchestrator
 from asyncrlhf.orchestration.prompts import PromptQueue, PromptQueueClosed
@@ -10,6 +10,7 @@ from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreCl
 
 __all__ = [
     "MODES",
+    "Evaluation",
     "Orchestrator",
     "PromptQueue",
     "PromptQueueClosed",
@@ -23,5 +24,6 @@ __all__ = [
     "WeightStore",
     "WeightStoreClosed",
     "bubble_fractions",
+    "evaluate",
     "evaluate_accuracy",
 ]

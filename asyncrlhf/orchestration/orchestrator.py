@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from asyncrlhf._checks import check_positive_int
+from asyncrlhf.orchestration.evaluate import EvalCallback
 from asyncrlhf.orchestration.history import RunHistory
 from asyncrlhf.orchestration.schedule import MODES, MetricsCallback, Schedule, StepRecorder, TrainerSide
 from asyncrlhf.orchestration.weights import WeightStore, WeightStoreClosed
@@ -61,6 +62,8 @@ class Orchestrator:
         verify_weights: check weight checksums after every load.
         on_metrics: ``callback(step, metrics)`` after every trainer step; step 0 carries the
             evaluation before any update (``eval/accuracy``), sent when measured.
+        on_eval: ``callback(step, evaluation)`` after every held-out evaluation (step 0
+            included): the greedy responses and which were correct.
         timeout_s: how long any wait may last before the run fails loudly.
     """
 
@@ -79,13 +82,14 @@ class Orchestrator:
         verify_weights: bool = True,
         on_metrics: MetricsCallback | None = None,
         timeout_s: float = 600.0,
+        on_eval: EvalCallback | None = None,
     ) -> None:
         self.schedule = schedule
         self.engine, self.trainer, self.problems = engine, trainer, problems
-        self.on_metrics = on_metrics
+        self.on_metrics, self.on_eval = on_metrics, on_eval
         self.timeout_s = timeout_s
         self.weights = WeightStore(keep=schedule.keep)
-        self.recorder = StepRecorder(schedule.mode, on_metrics)
+        self.recorder = StepRecorder(schedule.mode, on_metrics, on_eval)
         self.worker = RolloutWorker(
             engine, reward_fn, schedule.group_size, eos_token_id, pad_token_id, verify_weights,
             on_event=self._event,
@@ -110,10 +114,10 @@ class Orchestrator:
         the trainer's thread after every step (a checkpoint, a stop request)."""
         check_positive_int("num_steps", num_steps)
         if not self._restored:
-            self.recorder = StepRecorder(self.schedule.mode, self.on_metrics)
+            self.recorder = StepRecorder(self.schedule.mode, self.on_metrics, self.on_eval)
             self.trainer_side.publish()
         if self.schedule.eval_every and not self._restored:
-            self.recorder.initial({"eval/accuracy": self.trainer_side.evaluate()})
+            self.recorder.initial(self.trainer_side.evaluate())
         self.recorder.begin(keep_elapsed=self._restored)
         first = self.recorder.steps_done
         if self.schedule.mode == "sync":

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.buffers import GroupAwareReplayBuffer
-from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
+from asyncrlhf.orchestration.evaluate import EvalCallback, Evaluation, evaluate, greedy_engine
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.tasks.base import Problem
@@ -157,9 +157,9 @@ class StepRecorder:
     one timeline. Thread-safe for :meth:`event`.
     """
 
-    def __init__(self, mode: str, on_metrics: MetricsCallback | None = None) -> None:
+    def __init__(self, mode: str, on_metrics: MetricsCallback | None = None, on_eval: EvalCallback | None = None):
         self.history = RunHistory(mode=mode)
-        self.on_metrics = on_metrics
+        self.on_metrics, self.on_eval = on_metrics, on_eval
         self.samples = 0  # trained experiences
         self.tokens = 0  # generated response tokens
         self.t0 = time.time()
@@ -178,14 +178,20 @@ class StepRecorder:
         with self._lock:
             self._events.append(TimelineEvent(worker, phase, start, time.time() if end is None else end))
 
-    def initial(self, metrics: dict[str, float]) -> None:
+    def initial(self, evaluation: Evaluation) -> None:
         """The evaluation before any update: kept, and reported at once as step 0."""
+        metrics = {"eval/accuracy": evaluation.accuracy}
         self.history.initial_metrics.update(metrics)
         if self.on_metrics is not None:
             self.on_metrics(0, dict(metrics))
+        if self.on_eval is not None:
+            self.on_eval(0, evaluation)
 
-    def step(self, metrics: dict[str, float], staleness: list[int], samples: int) -> None:
-        """A trainer step finished: stamp its metrics, keep them, report them."""
+    def step(
+        self, metrics: dict[str, float], staleness: list[int], samples: int, evaluation: Evaluation | None = None
+    ) -> None:
+        """A trainer step finished: stamp its metrics, keep them, report them (and its
+        evaluation's responses, if it evaluated)."""
         now = time.time()
         self.samples += samples
         step = len(self.history.steps) + 1
@@ -202,6 +208,8 @@ class StepRecorder:
         self.history.staleness.append(staleness)
         if self.on_metrics is not None:
             self.on_metrics(step, metrics)
+        if self.on_eval is not None and evaluation is not None:
+            self.on_eval(step, evaluation)
 
     def state_dict(self) -> dict[str, Any]:
         """The record so far (for checkpoints): steps, staleness, events, counters, and
@@ -285,25 +293,30 @@ class TrainerSide:
         self._publish()
         self._record("trainer", "publish", start, time.time())
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> Evaluation:
+        """Greedy responses of the live policy to the held-out problems."""
         if not self.eval_problems:
-            return float("nan")
+            return Evaluation(float("nan"), [], [])
         if self.eval_engine is None:
             model, max_new = self.trainer.model, self.max_new_tokens
             self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, max_new)
         start = time.time()
-        accuracy = evaluate_accuracy(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id)
+        evaluation = evaluate(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id)
         self._record("trainer", "eval", start, time.time())
-        return accuracy
+        return evaluation
 
-    def step(self, step: int, groups: list[list[Experience]]) -> tuple[dict[str, float], list[int], int]:
-        """Trainer step ``step`` (0-based) on ``groups``: ``(metrics, staleness, samples)``."""
+    def step(
+        self, step: int, groups: list[list[Experience]]
+    ) -> tuple[dict[str, float], list[int], int, Evaluation | None]:
+        """Trainer step ``step`` (0-based) on ``groups``: ``(metrics, staleness, samples,
+        evaluation)``, the evaluation None unless one was due."""
         start = time.time()
         experiences = [e for group in groups for e in group]
         metrics, staleness = train_on(self.trainer, experiences, self.buffer)
         self._record("trainer", "train", start, time.time())
         if self.schedule.publishes_after(self.trainer.version):
             self.publish()
-        if self.schedule.evaluates_after(step):
-            metrics["eval/accuracy"] = self.evaluate()
-        return metrics, staleness, len(experiences)
+        evaluation = self.evaluate() if self.schedule.evaluates_after(step) else None
+        if evaluation is not None:
+            metrics["eval/accuracy"] = evaluation.accuracy
+        return metrics, staleness, len(experiences), evaluation

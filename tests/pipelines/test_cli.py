@@ -90,6 +90,22 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     assert rows[0][0] == "step" and [r[0] for r in rows[1:]] == ["0", "1", "2", "3", "4", "5", "6"]
     assert rows[1][rows[0].index("eval/accuracy")] == repr(start.value)
     assert "perf/bubble_frac_trainer" in run.data.metrics and "perf/tracking_frac" in run.data.metrics
+    # Whole-run figures are single values at step 0 (MLflow draws them as bars).
+    for key in ["perf/bubble_frac_trainer", "perf/tracking_frac", "time/total_s"]:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0], key
+    # The evaluation table: every held-out problem (20 <= tracking.eval_samples) at each
+    # evaluation, agreeing with eval/accuracy.
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "eval/samples.json", str(tmp_path))).read_text())
+    assert table["columns"] == ["step", "prompt", "answer", "output", "correct"]
+    by_step: dict[int, list] = {}
+    for row in table["data"]:
+        by_step.setdefault(row[0], []).append(row)
+    assert sorted(by_step) == [0, 3, 6] and all(len(rows) == 20 for rows in by_step.values())
+    for m in accuracy:
+        rows = by_step[m.step]
+        assert sum(r[4] for r in rows) / 20 == pytest.approx(m.value)
+        assert all(r[3] == r[2] for r in rows if r[4])  # a correct output is the answer
+    assert '"eval/samples.json"' in run.data.tags["mlflow.loggedArtifacts"]
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -120,3 +121,32 @@ def test_the_quick_start_is_far_below_any_machine():
     total = sum(estimate_bytes(load_spec(QUICKSTART)).values())
     assert 50e6 < total < 300e6
     check_fits(load_spec(QUICKSTART), available=1 << 30)  # fits in 1 GB
+
+
+def test_a_moved_store_reads_and_writes_the_artifacts_beside_it(tmp_path):
+    """MLflow keeps an experiment's artifact location as an absolute URI: a store whose
+    folder was moved (a renamed clone) went on writing into the old folder."""
+    import shutil
+
+    from pipelines.tracking import experiment_id_for
+
+    first = f"sqlite:///{tmp_path / 'a' / 'mlflow' / 'mlflow.db'}"
+    client = open_store(first)
+    ours = experiment_id_for(client, "moved", first)
+    elsewhere = (tmp_path / "elsewhere").as_uri()
+    foreign = client.create_experiment("foreign", artifact_location=elsewhere)  # the user's choice: kept
+    run = client.create_run(ours).info.run_id
+    client.log_text(run, "before the move", "note.txt")
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    moved = f"sqlite:///{tmp_path / 'b' / 'mlflow' / 'mlflow.db'}"
+    client = open_store(moved)
+    root = (tmp_path / "b" / "mlflow" / "artifacts").as_uri()
+    assert client.get_experiment(ours).artifact_location == root
+    assert client.get_run(run).info.artifact_uri == f"{root}/{run}/artifacts"
+    assert client.get_experiment(foreign).artifact_location == elsewhere
+    assert (tmp_path / "b" / "mlflow" / "artifacts" / run / "artifacts" / "note.txt").read_text() == "before the move"
+    assert "before the move" in (Path(client.download_artifacts(run, "note.txt", str(tmp_path))).read_text())
+    later = client.create_run(ours).info.run_id
+    client.log_text(later, "after", "note.txt")
+    assert (tmp_path / "b" / "mlflow" / "artifacts" / later / "artifacts" / "note.txt").exists()
+    assert not (tmp_path / "a").exists()  # nothing written to the old place

@@ -112,6 +112,34 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_lagged_run(store, tmp_pat
         assert got == want, key
     assert policy_sha(store, run_id, tmp_path) == policy_sha(store, reference.info.run_id, tmp_path)
     assert len(runs(store)) == 2  # the resume created no run
+    got, want = (eval_table(store, r, tmp_path) for r in (run_id, reference.info.run_id))
+    assert got == want and sorted({row[0] for row in got}) == [0, 10, 20, 30, 40]
+
+
+def eval_table(uri: str, run_id: str, tmp_path: Path) -> list[list]:  # type: ignore[type-arg]
+    path = MlflowClient(uri).download_artifacts(run_id, "eval/samples.json", str(tmp_path / f"table-{run_id}"))
+    return json.loads(Path(path).read_text())["data"]
+
+
+def test_a_resumed_run_does_not_log_an_evaluation_twice(store, tmp_path):
+    """Killed after evaluating at step 10 but checkpointed at step 8, a run repeats the
+    evaluation at step 10 when resumed: its rows are in the table once."""
+    from pipelines.spec import load_spec
+    from pipelines.tracking import Tracker
+
+    spec = load_spec(write_spec(tmp_path))
+    rows = {"step": [0], "prompt": ["1+2="], "answer": ["3"], "output": ["4"], "correct": [False]}
+    first = Tracker(spec.tracking)
+    run_id = first.start(spec)
+    for step in (0, 10):
+        first.on_eval_rows(step, {**rows, "step": [step]})
+    first.fail(KeyboardInterrupt())
+    second = Tracker(spec.tracking)
+    second.resume(run_id, from_step=8, restored=[])
+    for step in (10, 20):
+        second.on_eval_rows(step, {**rows, "step": [step]})
+    second.fail(KeyboardInterrupt())
+    assert [row[0] for row in eval_table(store, run_id, tmp_path)] == [0, 10, 20]
 
 
 @pytest.mark.slow
