@@ -19,10 +19,13 @@ Rows = dict[str, list[Any]]
 
 def table_rows(step: int, evaluation: Evaluation, problems: Sequence[Problem], decode: Callable[[list[int]], str],
                limit: int) -> Rows:  # fmt: skip
-    """The first ``limit`` problems' rows (the same problems at every step, so a row can
-    be followed across steps), as columns."""
+    """The first ``limit`` problems' rows (the same problems at every step, so a problem
+    can be followed across steps), as columns."""
     n = min(limit, len(evaluation.correct))
     return {
+        # First: MLflow's table comparison (the runs page's third view) groups rows by the
+        # first column, so each (step, problem) is one row with every run's output beside it.
+        "problem": [f"step {step}: {p.prompt}" for p in problems[:n]],
         "step": [step] * n,
         "prompt": [p.prompt for p in problems[:n]],
         "answer": [p.answer for p in problems[:n]],

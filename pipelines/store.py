@@ -53,6 +53,8 @@ def open_store(configured: str | None = None) -> Any:
     uri = resolve_tracking_uri(configured)
     if uri in _opened:
         return _opened[uri]
+    # Small files (a spec, the evaluation table appended to): no progress bars on stderr.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if uri.startswith("sqlite:///"):
         from filelock import FileLock
 

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import subprocess
 import tempfile
 import time
@@ -128,7 +127,6 @@ def read_run(client: Any, run_id: str) -> tuple[Any, dict[str, Any], str]:
         run = client.get_run(run_id)
     except Exception:
         raise LookupError(f"no run {run_id!r} in {client.tracking_uri}") from None
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one file: no progress bar on stderr
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = client.download_artifacts(run_id, "spec.yaml", tmp)

@@ -71,28 +71,47 @@ def test_the_ui_shows_runs_charts_plots_and_a_sweeps_children(store, tmp_path):
             run_link = page.get_by_role("gridcell").get_by_role("link", name=run_name, exact=True)
             run_link.wait_for()
             assert "/runs" in page.url and page.get_by_text("Detect Issues").count() == 0
+            if page.get_by_role("button", name="Close").count():  # MLflow's assistant panel
+                page.get_by_role("button", name="Close").first.click()
             page.screenshot(path=SHOTS / "1-runs-table.png")
-            # The run: its description, its metric charts by section, its plots.
+            # The evaluation table in the runs page's table-comparison view: one row per
+            # (step, problem), each run's output beside it.
+            page.locator("input[value='ARTIFACT']").dispatch_event("click")
+            page.get_by_text("eval/samples.json").first.wait_for()
+            page.get_by_placeholder("Filter by problem").fill("step 6:")  # the last evaluation
+            page.get_by_text(re.compile(r"^step 6: \d+\+\d+=$")).first.wait_for()
+            page.screenshot(path=SHOTS / "2-eval-table.png")
+            page.locator("input[value='TABLE']").dispatch_event("click")
+            # The run: its description, its metric charts by section, its plots. A run
+            # page opened from the table falls back to the GenAI layout until "Model
+            # training" is chosen once (the README says so); the browser remembers it.
             run_link.click()
             page.get_by_text("async GRPO on 2-digit addition, tiny Llama on the CPU").wait_for()
+            if page.get_by_text("Evaluation runs", exact=True).count():
+                page.get_by_text("Model training", exact=True).first.click(force=True)
+                page.goto(urls["quickstart"])
+                run_link.click()
+                page.get_by_text("async GRPO on 2-digit addition, tiny Llama on the CPU").wait_for()
+            assert page.get_by_text("Evaluation runs", exact=True).count() == 0
             page.get_by_role("tab", name="Model metrics").click()
             for section in ("eval", "reward", "staleness", "policy"):  # sections by metric prefix
                 page.get_by_text(section, exact=True).first.wait_for()
             page.get_by_text("accuracy", exact=True).first.wait_for()  # the eval/accuracy chart
-            page.screenshot(path=SHOTS / "2-run-charts.png")
+            page.get_by_text("Step", exact=True).first.wait_for()  # a chart drawn (its x axis), not a spinner
+            page.screenshot(path=SHOTS / "3-run-charts.png")
             page.get_by_role("tab", name="Artifacts").click()
             page.get_by_text("plots", exact=True).first.click()
             page.get_by_text("curves.png", exact=True).first.click()
             page.get_by_text("plots/curves.png", exact=True).wait_for()  # the preview's title
             page.wait_for_function("() => [...document.images].some(i => i.complete && i.naturalWidth >= 600)")
-            page.screenshot(path=SHOTS / "3-run-plot.png")
+            page.screenshot(path=SHOTS / "4-run-plot.png")
             # The sweep: its parent, and its trials under it, named by their swept values.
             page.goto(urls["sweeps"])
             page.get_by_text("lagsweep", exact=True).first.wait_for()
             page.locator("[data-component-id*='runnamecellrenderer']").first.click()
             for lag in (0, 2):
                 page.get_by_text(re.compile(rf"^lagsweep-00\d·lag={lag}$")).first.wait_for()
-            page.screenshot(path=SHOTS / "4-sweep-children.png")
+            page.screenshot(path=SHOTS / "5-sweep-children.png")
             browser.close()
     finally:
         os.killpg(ui.pid, signal.SIGTERM)

@@ -96,10 +96,11 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     # The evaluation table: every held-out problem (20 <= tracking.eval_samples) at each
     # evaluation, agreeing with eval/accuracy.
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "eval/samples.json", str(tmp_path))).read_text())
-    assert table["columns"] == ["step", "prompt", "answer", "output", "correct"]
+    assert table["columns"] == ["problem", "step", "prompt", "answer", "output", "correct"]
     by_step: dict[int, list] = {}
     for row in table["data"]:
-        by_step.setdefault(row[0], []).append(row)
+        by_step.setdefault(row[1], []).append(row[1:])
+        assert row[0] == f"step {row[1]}: {row[2]}"
     assert sorted(by_step) == [0, 3, 6] and all(len(rows) == 20 for rows in by_step.values())
     for m in accuracy:
         rows = by_step[m.step]

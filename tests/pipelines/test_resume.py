@@ -113,7 +113,7 @@ def test_sigkill_then_resume_repeats_the_uninterrupted_lagged_run(store, tmp_pat
     assert policy_sha(store, run_id, tmp_path) == policy_sha(store, reference.info.run_id, tmp_path)
     assert len(runs(store)) == 2  # the resume created no run
     got, want = (eval_table(store, r, tmp_path) for r in (run_id, reference.info.run_id))
-    assert got == want and sorted({row[0] for row in got}) == [0, 10, 20, 30, 40]
+    assert got == want and sorted({row[1] for row in got}) == [0, 10, 20, 30, 40]
 
 
 def eval_table(uri: str, run_id: str, tmp_path: Path) -> list[list]:  # type: ignore[type-arg]
@@ -128,7 +128,7 @@ def test_a_resumed_run_does_not_log_an_evaluation_twice(store, tmp_path):
     from pipelines.tracking import Tracker
 
     spec = load_spec(write_spec(tmp_path))
-    rows = {"step": [0], "prompt": ["1+2="], "answer": ["3"], "output": ["4"], "correct": [False]}
+    rows = {"problem": ["1+2="], "step": [0], "prompt": ["1+2="], "answer": ["3"], "output": ["4"], "correct": [False]}
     first = Tracker(spec.tracking)
     run_id = first.start(spec)
     for step in (0, 10):
@@ -139,7 +139,7 @@ def test_a_resumed_run_does_not_log_an_evaluation_twice(store, tmp_path):
     for step in (10, 20):
         second.on_eval_rows(step, {**rows, "step": [step]})
     second.fail(KeyboardInterrupt())
-    assert [row[0] for row in eval_table(store, run_id, tmp_path)] == [0, 10, 20]
+    assert [row[1] for row in eval_table(store, run_id, tmp_path)] == [0, 10, 20]
 
 
 @pytest.mark.slow
