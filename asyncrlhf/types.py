@@ -16,7 +16,7 @@ policy version that generated it (so buffers and losses can reason about stalene
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -39,6 +39,8 @@ class Experience:
         policy_version: version of the policy that generated the response.
         prompt_id: key of the prompt; the GRPO group key.
         advantage: filled by a group-aware buffer (or the trainer) when known.
+        reward_flags: per-experience counts a reward reported (a decoded reward's
+            ``{"timeouts": 0.0, "errors": 1.0}``); summed per step as ``reward/<key>``.
     """
 
     prompt_ids: torch.Tensor
@@ -48,6 +50,7 @@ class Experience:
     policy_version: int
     prompt_id: Hashable
     advantage: float | None = None
+    reward_flags: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "response_ids", "logprobs"):

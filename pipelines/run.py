@@ -17,7 +17,7 @@ import torch
 
 from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, load_tokenizer, pretrained_policy
 from asyncrlhf.orchestration import Orchestrator, RunHistory
-from asyncrlhf.rewards import CompositeReward, RewardTerm
+from asyncrlhf.rewards import CompositeReward, DecodedReward, RewardTerm
 from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
@@ -30,6 +30,7 @@ from pipelines.specfile import SpecError, flatten, spec_hash
 __all__ = [
     "RunResult",
     "build_orchestrator",
+    "build_reward",
     "build_task",
     "check_resume",
     "resume_key",
@@ -145,14 +146,13 @@ def build_orchestrator(
     if spec.runtime.torch_threads is not None and spec.runtime.kind == "local":
         torch.set_num_threads(spec.runtime.torch_threads)
     path = _policy_path(spec)
-    reward = CompositeReward([RewardTerm(term.kind, term.weight) for term in spec.rewards])
     rollout, schedule, timeout_s = spec.rollout, spec.to_schedule(), spec.orchestrator.timeout_s
     scale_advantages = spec.algorithm.scale_advantages
     if spec.runtime.kind == "ray":
         from asyncrlhf.distributed import RayOrchestrator
 
         tokenizer = load_tokenizer(path)
-        task = build_task(spec, tokenizer)
+        task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
         runtime, held_out = spec.runtime, task.eval_problems()
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
@@ -164,7 +164,7 @@ def build_orchestrator(
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
-    task = build_task(spec, tokenizer)
+    task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
     held_out = task.eval_problems()
@@ -173,6 +173,19 @@ def build_orchestrator(
         held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
         on_eval=_on_eval(spec, held_out, tokenizer, on_table),
     )  # fmt: skip
+
+
+def build_reward(spec: ExperimentSpec, tokenizer: Any) -> CompositeReward:
+    """The spec's reward terms, summed; a ``decoded`` term holds ``tokenizer`` and starts
+    its process pool where it first scores (in a Ray rollout actor: there)."""
+    terms = []
+    for term in spec.rewards:
+        fn = None
+        if term.kind == "decoded":
+            fn = DecodedReward(tokenizer, term.scorer, term.workers, term.timeout_s, term.timeout_score,
+                               term.error_score)  # fmt: skip
+        terms.append(RewardTerm(term.kind, term.weight, fn=fn))
+    return CompositeReward(terms)
 
 
 def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table: Callable[..., None] | None) -> Any:
@@ -285,6 +298,9 @@ def run_experiment(
                 raise SpecError(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err)) from err
             if spec.runtime.kind == "ray":
                 stack.callback(orchestrator.shutdown)
+            reward = getattr(getattr(orchestrator, "worker", None), "reward_fn", None)
+            if hasattr(reward, "close"):
+                stack.callback(reward.close)  # a decoded reward's pool (a Ray actor's ends with the actor)
             run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore)
             history, extra = _train(spec, orchestrator, store, tracker)
     except KeyboardInterrupt:

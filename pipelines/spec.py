@@ -127,18 +127,38 @@ class RolloutSpec(_Section):
 
 class RewardTermSpec(_Section):
     kind: str = Field(
-        description="Registered reward ('exact_match', 'contains', 'target_token', 'terminated') "
-        "or a dotted path 'package.module:function'."
+        description="Registered reward ('exact_match', 'contains', 'target_token', 'terminated'), a dotted path "
+        "'package.module:function', or 'decoded' (decode, then score each row with `scorer` in a process pool)."
     )
     weight: float = Field(1.0, description="Weight of this term in the summed reward.")
+    scorer: str = Field(
+        "asyncrlhf.rewards.verify:math_score",
+        description="decoded: `fn(response, reference) -> float`, by import path (default: the math verifier).",
+    )
+    workers: int = Field(2, ge=0, description="decoded: pool processes (0: score in the rollout process, no timeout).")
+    timeout_s: float = Field(5.0, gt=0, description="decoded: per-row time limit; a row over it is killed.")
+    timeout_score: float = Field(0.0, description="decoded: the score of a row that timed out (reward/timeouts).")
+    error_score: float = Field(0.0, description="decoded: the score of a row whose scorer raised (reward/errors).")
 
     @field_validator("kind")
     @classmethod
     def _resolvable(cls, kind: str) -> str:
         from asyncrlhf.rewards import get_reward
 
-        get_reward(kind)  # raises ValueError naming the kind
+        if kind != "decoded":
+            get_reward(kind)  # raises ValueError naming the kind
         return kind
+
+    @model_validator(mode="after")
+    def _decoded_options(self) -> RewardTermSpec:
+        options = {"scorer", "workers", "timeout_s", "timeout_score", "error_score"} & self.model_fields_set
+        if self.kind != "decoded" and options:
+            raise ValueError(f"{', '.join(sorted(options))} apply only to kind 'decoded', not {self.kind!r}")
+        if self.kind == "decoded":
+            from asyncrlhf.rewards.decoded import resolve_scorer
+
+            resolve_scorer(self.scorer)  # raises ValueError naming the path
+        return self
 
 
 class BufferSpec(_Section):

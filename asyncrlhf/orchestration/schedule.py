@@ -147,6 +147,8 @@ def train_on(trainer: Any, experiences: list[Experience], buffer: Any) -> tuple[
             "buffer/evicted_stale": float(stats["evicted_stale"]),
         }
     )
+    for name in sorted({name for e in experiences for name in e.reward_flags}):  # a decoded reward's counts
+        metrics[f"reward/{name}"] = float(sum(e.reward_flags.get(name, 0.0) for e in experiences))
     return metrics, staleness
 
 

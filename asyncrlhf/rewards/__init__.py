@@ -1,6 +1,7 @@
 """Rewards computed as tensor operations on the tokens' own device."""
 
 from asyncrlhf.rewards.contains import tensor_native_reward
+from asyncrlhf.rewards.decoded import DecodedReward
 from asyncrlhf.rewards.exact import exact_match_reward
 from asyncrlhf.rewards.registry import (
     CompositeReward,
@@ -9,12 +10,14 @@ from asyncrlhf.rewards.registry import (
     available_rewards,
     get_reward,
     register_reward,
+    split_reward,
 )
 from asyncrlhf.rewards.simple import gpu_reward_simple
 from asyncrlhf.rewards.text import make_text_reward, text_reward
 
 __all__ = [
     "CompositeReward",
+    "DecodedReward",
     "RewardFn",
     "RewardTerm",
     "available_rewards",
@@ -23,6 +26,7 @@ __all__ = [
     "gpu_reward_simple",
     "make_text_reward",
     "register_reward",
+    "split_reward",
     "tensor_native_reward",
     "text_reward",
 ]

@@ -28,6 +28,7 @@ __all__ = [
     "available_rewards",
     "get_reward",
     "register_reward",
+    "split_reward",
 ]
 
 RewardFn = Callable[[torch.Tensor, Any, int], torch.Tensor]
@@ -101,12 +102,24 @@ def _terminated(generated_ids: torch.Tensor, answers: Any, eos_token_id: int) ->
     return (first_true_index(ids == eos_token_id) < ids.shape[1]).float()
 
 
+def split_reward(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A reward function's output as ``(scores, flags)``: a plain Tensor[B] has no
+    flags; a decoded reward also returns per-row counts (``{"timeouts": Tensor[B], ...}``)."""
+    if isinstance(out, tuple):
+        scores, flags = out
+        return scores, dict(flags)
+    return out, {}
+
+
 @dataclass(frozen=True, slots=True)
 class RewardTerm:
-    """One weighted term of a composite reward."""
+    """One weighted term of a composite reward: ``kind`` resolved by :func:`get_reward`,
+    or ``fn`` given (a reward built with state, e.g. a
+    :class:`~asyncrlhf.rewards.decoded.DecodedReward` holding a tokenizer)."""
 
     kind: str
     weight: float = 1.0
+    fn: RewardFn | None = None
 
 
 class CompositeReward:
@@ -123,18 +136,34 @@ class CompositeReward:
         if len(terms) == 0:
             raise ValueError("terms must name at least one reward term")
         self.terms = list(terms)
-        self._fns = [get_reward(term.kind) for term in self.terms]
+        self._fns = [term.fn if term.fn is not None else get_reward(term.kind) for term in self.terms]
 
     def components(self, generated_ids: torch.Tensor, answers: Any, eos_token_id: int) -> dict[str, torch.Tensor]:
         """Each term's unweighted reward, keyed by kind."""
-        return {
-            term.kind: fn(generated_ids, answers, eos_token_id).float()
-            for term, fn in zip(self.terms, self._fns, strict=True)
-        }
+        return self._parts(generated_ids, answers, eos_token_id)[0]
 
-    def __call__(self, generated_ids: torch.Tensor, answers: Any, eos_token_id: int) -> torch.Tensor:
-        parts = self.components(generated_ids, answers, eos_token_id)
+    def _parts(self, ids: torch.Tensor, answers: Any, eos: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        parts: dict[str, torch.Tensor] = {}
+        flags: dict[str, Any] = {}
+        for term, fn in zip(self.terms, self._fns, strict=True):
+            scores, term_flags = split_reward(fn(ids, answers, eos))
+            parts[term.kind] = scores.float()
+            for key, rows in term_flags.items():
+                flags[key] = flags[key] + rows if key in flags else rows
+        return parts, flags
+
+    def __call__(self, generated_ids: torch.Tensor, answers: Any, eos_token_id: int) -> Any:
+        """The weighted sum, Tensor[B]; ``(sum, flags)`` when a term reports per-row
+        flags (a decoded reward's timeouts and errors, summed over terms)."""
+        parts, flags = self._parts(generated_ids, answers, eos_token_id)
         total = torch.zeros(generated_ids.shape[0], dtype=torch.float32, device=generated_ids.device)
         for term in self.terms:
             total += term.weight * parts[term.kind]
-        return total
+        return (total, flags) if flags else total
+
+    def close(self) -> None:
+        """Release what the terms hold (a decoded reward's process pool)."""
+        for fn in self._fns:
+            close = getattr(fn, "close", None)
+            if callable(close):
+                close()

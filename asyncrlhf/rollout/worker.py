@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from asyncrlhf._checks import check_positive_int
+from asyncrlhf.rewards.registry import split_reward
 from asyncrlhf.rollout.base import RolloutEngine
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience, pad_rows
@@ -95,7 +96,9 @@ class RolloutWorker:
         responses = [s.response_ids for s in samples]
         ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)
         answers = [problems[s.prompt_index].answer_ids.to(ids.device) for s in samples]
-        rewards = self.reward_fn(ids, answers, self.eos_token_id).tolist()  # one transfer per batch
+        scores, flags = split_reward(self.reward_fn(ids, answers, self.eos_token_id))
+        rewards = scores.tolist()  # one transfer per batch
+        rows = {name: values.tolist() for name, values in flags.items()}
         experiences = [
             Experience(
                 prompt_ids=s.prompt_ids,
@@ -104,8 +107,9 @@ class RolloutWorker:
                 reward=reward,
                 policy_version=s.policy_version,
                 prompt_id=f"{key}:{s.prompt_index}",
+                reward_flags={name: values[i] for name, values in rows.items()},
             )
-            for s, reward in zip(samples, rewards, strict=True)
+            for i, (s, reward) in enumerate(zip(samples, rewards, strict=True))
         ]
         self._event("reward", start)
         self.generated_tokens += sum(r.shape[0] for r in responses)

@@ -1,0 +1,47 @@
+"""A run whose decoded reward hangs on some rows and raises on others finishes, with the
+rows counted per step, and leaves no pool process behind."""
+
+from __future__ import annotations
+
+import psutil
+from mlflow import MlflowClient
+
+from pipelines.run import run_experiment
+from pipelines.spec import load_spec
+from tests.pipelines.conftest import REPO
+
+FLAKY = ("rewards=[{kind: decoded, scorer: 'tests.rewards.scorers:flaky', workers: 2, timeout_s: 0.2, "
+         "timeout_score: -1.0, error_score: -0.5}]")  # fmt: skip
+
+
+def test_a_hanging_and_raising_verifier_costs_rows_not_the_run(store):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    spec = load_spec(REPO / "experiments" / "quickstart.yaml", [
+        FLAKY, "trainer.steps=4", "trainer.batch_size=32", "orchestrator.eval_every=2", "task.eval_size=20",
+        "runtime.torch_threads=1",
+    ])  # fmt: skip
+    result = run_experiment(spec)
+    client = MlflowClient(store)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    timeouts = [m.value for m in client.get_metric_history(result.run_id, "reward/timeouts")]
+    errors = [m.value for m in client.get_metric_history(result.run_id, "reward/errors")]
+    assert len(timeouts) == len(errors) == 4  # every step reports both counts
+    assert sum(timeouts) > 0 and sum(errors) > 0  # sums over 100 start with '1' (hang), 20-29 with '2' (raise)
+    assert all(t + e <= 32 for t, e in zip(timeouts, errors, strict=True))
+    # The pool's workers are gone; what multiprocessing keeps for the interpreter's life
+    # (the fork server they were forked from, its resource tracker) may stay.
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and live(p)]
+    assert all(p.ppid() == psutil.Process().pid for p in left), [p.cmdline() for p in left]
+    assert all(
+        "multiprocessing.forkserver" in " ".join(p.cmdline())
+        or "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+        for p in left
+    ), [p.cmdline() for p in left]
+
+
+def live(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
