@@ -116,6 +116,19 @@ def _losses_case(params: dict[str, Any]) -> list[Figure]:
     return [Figure.of(f"losses.{name}", [r[name] for r in runs], "lower", note="fwd+bwd time ratio") for name in names]
 
 
+def _decoded_case(params: dict[str, Any]) -> list[Figure]:
+    from benchmarks import decoded
+
+    runs = [decoded.run(params["batch"], tuple(params["workers"]), params["repeats"]) for _ in range(params["rounds"])]
+    # Process scheduling on a shared machine swings these: reported, not gated.
+    figures = [Figure.of(f"decoded.{name}", [r["ratios"][name] for r in runs], "higher", gate=False,
+                         note="samples/s ratio, same batch") for name in runs[0]["ratios"]]  # fmt: skip
+    for kind, rates in runs[0]["rates"].items():
+        figures += [Figure.of(f"decoded.{kind}.{method}_per_s", [r["rates"][kind][method] for r in runs], "higher",
+                              unit="/s", gate=False) for method in rates]  # fmt: skip
+    return figures
+
+
 def _buffer_case(params: dict[str, Any]) -> list[Figure]:
     from benchmarks import buffer
 
@@ -231,6 +244,7 @@ LEARNING_SLACK = 0.06
 
 CASES: dict[str, Case] = {
     "reward": _reward_case,
+    "decoded": _decoded_case,
     "losses": _losses_case,
     "buffer": _buffer_case,
     "pipeline": _pipeline_case,
@@ -246,6 +260,7 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
     # dominate and the ratios stop being stable enough to gate on.
     "quick": {
         "reward": {"shapes": [(256, 1024)], "repeats": 10, "rounds": 3},
+        "decoded": {"batch": 128, "workers": [2], "repeats": 2, "rounds": 1},
         "losses": {"tokens": 1 << 18, "repeats": 5, "rounds": 3},
         "buffer": {"items": 60_000, "repeats": 5},
         "overhead": {"overrides": _SHORT, "repeats": 1},
@@ -256,6 +271,7 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "full": {
         "reward": {"shapes": [(256, 1024), (64, 256)], "repeats": 20, "rounds": 3},
+        "decoded": {"batch": 256, "workers": [1, 2, 4], "repeats": 3, "rounds": 3},
         "losses": {"tokens": 1 << 20, "repeats": 5, "rounds": 3},
         "buffer": {"items": 200_000, "repeats": 5},
         "pipeline": {"settings": ["latency", "hf"], "steps": 30, "repeats": 3},

@@ -105,7 +105,8 @@ def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
     report = json.loads((tmp_path / "report.json").read_text())
     names = {f["name"] for f in report["figures"]}
     assert {"reward.speedup_vs_loop.B256_L1024", "losses.m2po_vs_ppo", "buffer.bounded_vs_deque",
-            "overhead.tracking_frac"} <= names  # fmt: skip
+            "overhead.tracking_frac", "decoded.symbolic.pool2_vs_loop",
+            "decoded.tensor_vs_decoded"} <= names  # fmt: skip
     assert all(f["min"] <= f["median"] <= f["max"] for f in report["figures"])
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("benchmarks")
