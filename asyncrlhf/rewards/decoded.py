@@ -162,6 +162,9 @@ class DecodedReward:
             # Workers fork from a single-threaded server, not from this process (whose
             # torch and Ray threads a fork would copy mid-operation).
             context = multiprocessing.get_context("forkserver")
+            # Imported once in the server, so a worker replacing a killed one starts at once
+            # (else each imports the scorer's module, and torch with it: ~0.7 s).
+            context.set_forkserver_preload(["pebble", self.scorer.__module__])
             self._pool = ProcessPool(max_workers=self.workers, context=context)
             atexit.register(_stop, weakref.ref(self))
         return self._pool

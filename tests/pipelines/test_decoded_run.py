@@ -10,7 +10,7 @@ from pipelines.run import run_experiment
 from pipelines.spec import load_spec
 from tests.pipelines.conftest import REPO
 
-FLAKY = ("rewards=[{kind: decoded, scorer: 'tests.rewards.scorers:flaky', workers: 2, timeout_s: 0.2, "
+FLAKY = ("rewards=[{kind: decoded, scorer: 'tests.rewards.scorers:flaky', workers: 2, timeout_s: 0.1, "
          "timeout_score: -1.0, error_score: -0.5}]")  # fmt: skip
 
 
