@@ -153,7 +153,7 @@ class RewardTermSpec(_Section):
     def _decoded_options(self) -> RewardTermSpec:
         options = {"scorer", "workers", "timeout_s", "timeout_score", "error_score"} & self.model_fields_set
         if self.kind != "decoded" and options:
-            raise ValueError(f"{', '.join(sorted(options))} apply only to kind 'decoded', not {self.kind!r}")
+            raise ValueError(f"{', '.join(sorted(options))}: options of kind 'decoded' only, not of {self.kind!r}")
         if self.kind == "decoded":
             from asyncrlhf.rewards.decoded import resolve_scorer
 
