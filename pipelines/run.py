@@ -102,7 +102,7 @@ def build_task(spec: ExperimentSpec, tokenizer: Any) -> Any:
         )  # fmt: skip
     return JsonlTask(
         tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed,
-        eval_seed=spec.task.eval_seed,
+        eval_seed=spec.task.eval_seed, answer_variants=spec.task.answer_variants,
     )  # fmt: skip
 
 

@@ -88,6 +88,7 @@ class TaskSpec(_Section):
     path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines.")
     eval_path: str | None = Field(None, description="JSONL: separate evaluation file (else a held-out share).")
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL: share held out when no eval_path.")
+    answer_variants: bool = Field(False, description="JSONL: answers also match their other (BPE) tokenizations.")
 
     @field_validator("eval_size")
     @classmethod

@@ -39,7 +39,7 @@ def evaluate(
         chunk = problems[start : start + batch_size]
         samples = engine.generate([p.prompt_ids for p in chunk])
         ids = pad_rows([s.response_ids for s in samples], pad_token_id)  # (B, R)
-        answers = [p.answer_ids.to(ids.device) for p in chunk]
+        answers = [[v.to(ids.device) for v in p.patterns] if p.variants else p.answer_ids.to(ids.device) for p in chunk]
         correct += [bool(hit) for hit in exact_match_reward(ids, answers, eos_token_id).tolist()]
         responses += [s.response_ids.tolist() for s in samples]
     accuracy = sum(correct) / len(correct) if correct else float("nan")

@@ -5,13 +5,13 @@ All of them stay on the input's device and never read tensor data on the host.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from asyncrlhf._checks import check_integer, check_rank, check_tensor
 
-__all__ = ["as_padded_patterns", "check_generated_ids", "first_true_index"]
+__all__ = ["as_padded_patterns", "best_of_variants", "check_generated_ids", "first_true_index", "has_variants"]
 
 
 def check_generated_ids(generated_ids: object) -> torch.Tensor:
@@ -104,3 +104,40 @@ def as_padded_patterns(
     col = torch.arange(flat.shape[0], device=device) - (torch.cumsum(lengths, 0) - lengths)[row]
     padded[row, col] = flat
     return padded, lengths
+
+
+def has_variants(patterns: object) -> bool:
+    """Whether a list of per-row patterns gives some row several (a list or tuple of
+    1-D tensors: the tokenizations one answer can take)."""
+    return (
+        isinstance(patterns, Sequence)
+        and not isinstance(patterns, torch.Tensor)
+        and any(isinstance(p, list | tuple) for p in patterns)
+    )
+
+
+def best_of_variants(
+    reward: Callable[[torch.Tensor, Sequence[torch.Tensor], int], torch.Tensor],
+    ids: torch.Tensor,
+    patterns: Sequence[torch.Tensor | Sequence[torch.Tensor]],
+    eos_token_id: int,
+) -> torch.Tensor:
+    """``reward`` where each row scores the best of its patterns: every (row, variant)
+    pair becomes a row of one batch (an index_select of the ids), scored in one call,
+    then reduced per row with a max. Stays on the ids' device; the pair layout comes
+    from the list's structure, not from tensor data.
+    """
+    if len(patterns) != ids.shape[0]:
+        raise ValueError(f"answers has {len(patterns)} items but generated_ids has {ids.shape[0]} rows")
+    flat: list[torch.Tensor] = []
+    owners: list[int] = []
+    for row, variants in enumerate(patterns):
+        group = list(variants) if isinstance(variants, list | tuple) else [variants]
+        if not group:
+            raise ValueError(f"answers[{row}] has no variant")
+        flat += group
+        owners += [row] * len(group)
+    owner = torch.tensor(owners, dtype=torch.long).to(ids.device)
+    scores = reward(ids.index_select(0, owner), flat, eos_token_id)  # (ΣK,)
+    best = torch.zeros(ids.shape[0], dtype=scores.dtype, device=ids.device)
+    return best.scatter_reduce(0, owner, scores, reduce="amax", include_self=False)

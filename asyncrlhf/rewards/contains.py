@@ -24,7 +24,13 @@ from collections.abc import Sequence
 
 import torch
 
-from asyncrlhf.rewards._tokens import as_padded_patterns, check_generated_ids, first_true_index
+from asyncrlhf.rewards._tokens import (
+    as_padded_patterns,
+    best_of_variants,
+    check_generated_ids,
+    first_true_index,
+    has_variants,
+)
 
 __all__ = ["tensor_native_reward"]
 
@@ -35,7 +41,7 @@ _DENSE_CANDIDATE_SHARE = 1 / 16
 
 def tensor_native_reward(
     generated_ids: torch.Tensor,
-    answer_patterns: torch.Tensor | Sequence[torch.Tensor],
+    answer_patterns: torch.Tensor | Sequence[torch.Tensor | Sequence[torch.Tensor]],
     eos_token_id: int,
 ) -> torch.Tensor:
     """1.0 where each row's pattern occurs in its response before the first EOS.
@@ -43,7 +49,8 @@ def tensor_native_reward(
     Args:
         generated_ids: LongTensor[B, L], response tokens only.
         answer_patterns: a list of B 1-D LongTensors, or a LongTensor[B, P] padded
-            with a negative id.
+            with a negative id. A list item may be a list of 1-D tensors (the
+            tokenizations one answer can take); the row scores 1.0 if any occurs.
         eos_token_id: the end-of-sequence token id.
 
     Returns:
@@ -56,6 +63,8 @@ def tensor_native_reward(
         [1.0, 0.0]
     """
     ids = check_generated_ids(generated_ids)
+    if has_variants(answer_patterns):  # several tokenizations of one answer: the best counts
+        return best_of_variants(tensor_native_reward, ids, answer_patterns, eos_token_id)  # type: ignore[arg-type]
     batch, length = ids.shape
     patterns, lengths = as_padded_patterns(answer_patterns, batch, ids.device)  # (B, P), (B,)
     if patterns.shape[1] == 0 or length == 0:

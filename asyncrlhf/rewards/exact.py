@@ -6,14 +6,20 @@ from collections.abc import Sequence
 
 import torch
 
-from asyncrlhf.rewards._tokens import as_padded_patterns, check_generated_ids, first_true_index
+from asyncrlhf.rewards._tokens import (
+    as_padded_patterns,
+    best_of_variants,
+    check_generated_ids,
+    first_true_index,
+    has_variants,
+)
 
 __all__ = ["exact_match_reward"]
 
 
 def exact_match_reward(
     generated_ids: torch.Tensor,
-    answers: torch.Tensor | Sequence[torch.Tensor],
+    answers: torch.Tensor | Sequence[torch.Tensor | Sequence[torch.Tensor]],
     eos_token_id: int,
 ) -> torch.Tensor:
     """1.0 where the response before its first EOS equals the answer and an EOS follows.
@@ -21,7 +27,8 @@ def exact_match_reward(
     Args:
         generated_ids: LongTensor[B, L], response tokens only.
         answers: a list of B 1-D LongTensors, or a LongTensor[B, A] padded with a
-            negative id.
+            negative id. A list item may be a list of 1-D tensors: the tokenizations
+            one answer can take (a BPE tokenizer's ``"42"`` and ``" 42"``); any counts.
         eos_token_id: the end-of-sequence token id.
 
     Returns:
@@ -35,6 +42,8 @@ def exact_match_reward(
         [1.0, 0.0, 0.0]
     """
     ids = check_generated_ids(generated_ids)
+    if has_variants(answers):  # several tokenizations of one answer: the best counts
+        return best_of_variants(exact_match_reward, ids, answers, eos_token_id)  # type: ignore[arg-type]
     batch, length = ids.shape
     padded, lengths = as_padded_patterns(answers, batch, ids.device, name="answers")  # (B, A)
     eos_pos = first_true_index(ids == eos_token_id)  # (B,)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["extract_answer", "math_equal", "math_score"]
+__all__ = ["exact_text", "extract_answer", "math_equal", "math_score"]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
@@ -112,3 +112,9 @@ def math_score(response: str, reference: str) -> float:
         return 0.0
     wanted = extract_answer(reference) if ("####" in reference or "\\boxed" in reference) else reference
     return 1.0 if wanted is not None and math_equal(predicted, wanted) else 0.0
+
+
+def exact_text(response: str, reference: str) -> float:
+    """1.0 when the response is the reference, surrounding whitespace aside: the decoded
+    counterpart of the tensor-native ``exact_match``."""
+    return 1.0 if response.strip() == reference.strip() else 0.0

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Problem", "Task", "encode_problem"]
+__all__ = ["Problem", "Task", "answer_variants", "encode_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,9 @@ class Problem:
         answer: the answer text, for logs.
         prompt_ids: LongTensor[P] (BOS included).
         answer_ids: LongTensor[A] (no EOS: rewards check the EOS themselves).
+        variants: other tokenizations of the same answer (a BPE tokenizer may write
+            ``42`` as one token, or with a leading space, or split, in context); empty
+            when the answer has one.
     """
 
     prompt_id: Hashable
@@ -28,6 +32,12 @@ class Problem:
     answer: str
     prompt_ids: torch.Tensor
     answer_ids: torch.Tensor
+    variants: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def patterns(self) -> torch.Tensor | list[torch.Tensor]:
+        """What a tensor-native reward matches: the answer's ids, or all its variants."""
+        return [self.answer_ids, *self.variants] if self.variants else self.answer_ids
 
 
 @runtime_checkable
@@ -43,15 +53,41 @@ class Task(Protocol):
         ...
 
 
-def encode_problem(tokenizer: object, prompt_id: Hashable, prompt: str, answer: str) -> Problem:
-    """Tokenise a prompt (with BOS) and an answer (no specials) into a Problem."""
+def encode_problem(tokenizer: object, prompt_id: Hashable, prompt: str, answer: str, variants: bool = False) -> Problem:
+    """Tokenise a prompt (with BOS) and an answer (no specials) into a Problem; with
+    ``variants``, also the answer's other tokenizations (:func:`answer_variants`)."""
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
     prompt_ids = bos + tokenizer.encode(prompt, add_special_tokens=False)
     answer_ids = tokenizer.encode(answer, add_special_tokens=False)
+    others = answer_variants(tokenizer, prompt, answer)[1:] if variants else []
     return Problem(
         prompt_id,
         prompt,
         answer,
         torch.tensor(prompt_ids, dtype=torch.long),
         torch.tensor(answer_ids, dtype=torch.long),
+        tuple(torch.tensor(v, dtype=torch.long) for v in others),
     )
+
+
+def answer_variants(tokenizer: Any, prompt: str, answer: str) -> list[list[int]]:
+    """The token sequences a policy may emit for ``answer`` after ``prompt``, the plain
+    encoding first: the answer alone, the answer as the tokenizer splits it after the
+    prompt (BPE merges across the boundary), and with one leading space (``Ġ42``).
+    Only those that decode back to the answer (spaces aside) are kept.
+
+    Example:
+        >>> from asyncrlhf.models import build_char_tokenizer
+        >>> len(answer_variants(build_char_tokenizer(), "1+2=", "3"))  # "3" and " 3"
+        2
+    """
+    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+    plain, in_context = encode(answer), []
+    before, whole = encode(prompt), encode(prompt + answer)
+    if whole[: len(before)] == before:
+        in_context = whole[len(before) :]
+    found: list[list[int]] = []
+    for ids in (plain, in_context, encode(" " + answer)):
+        if ids and ids not in found and tokenizer.decode(ids).strip() == answer.strip():
+            found.append(ids)
+    return found or [plain]

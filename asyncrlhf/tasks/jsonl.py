@@ -21,7 +21,9 @@ class JsonlTask:
 
     A seeded share of the lines (``eval_fraction``, drawn by ``eval_seed``, default
     ``seed``) is held out for evaluation, or a separate ``eval_path`` file gives the
-    evaluation set. ``seed`` orders the training stream.
+    evaluation set. ``seed`` orders the training stream. ``answer_variants``: each
+    answer also matches its other tokenizations (see
+    :func:`~asyncrlhf.tasks.base.answer_variants`), for subword tokenizers.
 
     Every line is checked when the task is built, and a bad one is refused with its file,
     line and field: prompts and answers must be non-empty JSON strings (not ``null``,
@@ -39,8 +41,9 @@ class JsonlTask:
         eval_fraction: float = 0.1,
         seed: int = 0,
         eval_seed: int | None = None,
+        answer_variants: bool = False,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer, self.variants = tokenizer, answer_variants
         self.seed = check_nonnegative_int("seed", seed)
         split_seed = seed if eval_seed is None else check_nonnegative_int("eval_seed", eval_seed)
         rows = self._read(Path(path))
@@ -106,10 +109,10 @@ class JsonlTask:
         rng = random.Random(self.seed + 1)
         while True:
             pid, prompt, answer = self._train[rng.randrange(len(self._train))]
-            yield encode_problem(self.tokenizer, pid, prompt, answer)
+            yield encode_problem(self.tokenizer, pid, prompt, answer, self.variants)
 
     def eval_problems(self) -> list[Problem]:
-        return [encode_problem(self.tokenizer, pid, prompt, answer) for pid, prompt, answer in self._eval]
+        return [encode_problem(self.tokenizer, *row, self.variants) for row in self._eval]
 
 
 def json_line(path: Path, lineno: int, line: str) -> dict[str, Any]:
