@@ -19,19 +19,18 @@ from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, 
 from asyncrlhf.orchestration import Orchestrator, RunHistory
 from asyncrlhf.rewards import CompositeReward, DecodedReward, RewardTerm
 from asyncrlhf.rollout import HFEngine, VLLMEngine
-from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.training import TrainerWorker
 from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
 from pipelines.fit import check_fits
 from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals
 from pipelines.spec import ExperimentSpec, TrackingSpec, spec_from_dict
 from pipelines.specfile import SpecError, flatten, spec_hash
+from pipelines.tasks import build_task
 
 __all__ = [
     "RunResult",
     "build_orchestrator",
     "build_reward",
-    "build_task",
     "check_resume",
     "resume_key",
     "run_experiment",
@@ -91,19 +90,6 @@ def tiny_configs(spec: ExperimentSpec) -> tuple[TinyModelConfig, WarmStartConfig
         seed=model.warm_start.seed,
     )
     return tiny, warm
-
-
-def build_task(spec: ExperimentSpec, tokenizer: Any) -> Any:
-    """The spec's verifiable task."""
-    if spec.task.kind == "addition":
-        return AdditionTask(
-            tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size,
-            eval_seed=spec.task.eval_seed,
-        )  # fmt: skip
-    return JsonlTask(
-        tokenizer, spec.task.path, spec.task.eval_path, spec.task.eval_fraction, seed=spec.seed,
-        eval_seed=spec.task.eval_seed, answer_variants=spec.task.answer_variants,
-    )  # fmt: skip
 
 
 def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:

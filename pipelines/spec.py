@@ -17,10 +17,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipelines.algorithms import ALGORITHM_NAMES, AlgorithmSpec, GRPOSpec
 from pipelines.specfile import SpecError, _Section, apply_overrides, read_yaml
+from pipelines.tasks import TaskSpec
 
 __all__ = [
     "ActorSpec",
@@ -75,39 +76,6 @@ class ModelSpec(_Section):
                 raise ValueError(f"path {self.path!r} is not a Hugging Face model directory (no config.json)")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
-        return self
-
-
-class TaskSpec(_Section):
-    kind: Literal["addition", "jsonl"] = Field("addition", description="The verifiable task.")
-    digits: int = Field(2, ge=1, le=6, description="Addition: digits per operand.")
-    eval_size: int = Field(200, ge=1, description="Addition: held-out problems.")
-    eval_seed: int = Field(
-        0, ge=0, description="Seeds the held-out draw (addition) or split (JSONL); fixed across run seeds."
-    )
-    path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines.")
-    eval_path: str | None = Field(None, description="JSONL: separate evaluation file (else a held-out share).")
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL: share held out when no eval_path.")
-    answer_variants: bool = Field(False, description="JSONL: answers also match their other (BPE) tokenizations.")
-
-    @field_validator("eval_size")
-    @classmethod
-    def _eval_fits(cls, eval_size: int, info: ValidationInfo) -> int:
-        pairs = 10 ** (2 * info.data.get("digits", 1))
-        if eval_size > pairs // 4:
-            raise ValueError(f"{info.data.get('digits')}-digit addition has {pairs} problems, of which at most a "
-                             f"quarter ({pairs // 4}) can be held out")  # fmt: skip
-        return eval_size
-
-    @model_validator(mode="after")
-    def _check(self) -> TaskSpec:
-        if self.kind == "jsonl":
-            if self.path is None:
-                raise ValueError("kind 'jsonl' needs a path")
-            for name in ("path", "eval_path"):
-                value = getattr(self, name)
-                if value is not None and not Path(value).is_file():
-                    raise ValueError(f"{name} {value!r} does not exist")
         return self
 
 

@@ -22,7 +22,7 @@ def greedy_accuracy(path: str | Path, spec: ExperimentSpec) -> float:
     """Held-out greedy accuracy of the policy in ``path`` on ``spec``'s task (CPU)."""
     from asyncrlhf.models import load_pretrained
     from asyncrlhf.orchestration.evaluate import evaluate_accuracy, greedy_engine
-    from pipelines.run import build_task
+    from pipelines.tasks import build_task
 
     model, tokenizer = load_pretrained(path)
     engine = greedy_engine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, spec.rollout.max_new_tokens)

@@ -11,7 +11,7 @@ from typing import Any
 from asyncrlhf._checks import check_nonnegative_int
 from asyncrlhf.tasks.base import Problem, encode_problem
 
-__all__ = ["JsonlTask"]
+__all__ = ["JsonlTask", "json_line", "read_utf8", "unrepresentable"]
 
 Row = tuple[str, str, str]  # (id, prompt, answer)
 
@@ -69,13 +69,8 @@ class JsonlTask:
     def _read(self, path: Path) -> list[Row]:
         if not path.is_file():
             raise FileNotFoundError(f"task path {path} does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            byte = err.object[err.start]
-            raise ValueError(f"{path}: not UTF-8 text (byte {byte:#04x} at offset {err.start})") from None
         rows = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        for lineno, line in enumerate(read_utf8(path).splitlines(), start=1):
             if line.strip():
                 rows.append(self._row(json_line(path, lineno, line), f"{path}:{lineno}", f"{path.name}:{lineno}"))
         return rows
@@ -91,19 +86,11 @@ class JsonlTask:
             value = item[name]
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{where}: field {name!r} must be a non-empty string, got {_json(value)}")
-            unknown = self._unrepresentable(value)
+            unknown = unrepresentable(self.tokenizer, value)
             if unknown:
                 raise ValueError(f"{where}: field {name!r} has characters the tokenizer cannot represent: {unknown}")
             fields.append(value)
         return str(pid), fields[0], fields[1]
-
-    def _unrepresentable(self, text: str) -> str:
-        """The characters of ``text`` the tokenizer maps to its unknown token (none: '')."""
-        unk = getattr(self.tokenizer, "unk_token_id", None)
-        if unk is None or unk not in self.tokenizer.encode(text, add_special_tokens=False):
-            return ""
-        bad = sorted({c for c in text if unk in self.tokenizer.encode(c, add_special_tokens=False)})
-        return " ".join(repr(c) for c in bad) or repr(text[:40])
 
     def train_problems(self) -> Iterator[Problem]:
         rng = random.Random(self.seed + 1)
@@ -113,6 +100,24 @@ class JsonlTask:
 
     def eval_problems(self) -> list[Problem]:
         return [encode_problem(self.tokenizer, *row, self.variants) for row in self._eval]
+
+
+def unrepresentable(tokenizer: Any, text: str) -> str:
+    """The characters of ``text`` the tokenizer maps to its unknown token (none: '')."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or unk not in tokenizer.encode(text, add_special_tokens=False):
+        return ""
+    bad = sorted({c for c in text if unk in tokenizer.encode(c, add_special_tokens=False)})
+    return " ".join(repr(c) for c in bad) or repr(text[:40])
+
+
+def read_utf8(path: Path) -> str:
+    """The file's text, or a ValueError naming the first byte that is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        byte = err.object[err.start]
+        raise ValueError(f"{path}: not UTF-8 text (byte {byte:#04x} at offset {err.start})") from None
 
 
 def json_line(path: Path, lineno: int, line: str) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""The task section of a spec, and the task it builds: 2-digit addition, a JSONL file of
+prompt/answer pairs, or a dataset file (JSONL or Parquet, read with Hugging Face
+``datasets``, chat-templated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from asyncrlhf.tasks import AdditionTask, JsonlTask
+from asyncrlhf.tasks.dataset import DatasetTask
+from pipelines.specfile import _Section
+
+__all__ = ["TaskSpec", "build_task"]
+
+
+class TaskSpec(_Section):
+    kind: Literal["addition", "jsonl", "dataset"] = Field(
+        "addition", description="The verifiable task: 2-digit addition, a JSONL file, or a dataset file."
+    )
+    digits: int = Field(2, ge=1, le=6, description="Addition: digits per operand.")
+    eval_size: int = Field(200, ge=1, description="Addition: held-out problems.")
+    eval_seed: int = Field(
+        0, ge=0, description="Seeds the held-out draw (addition) or split (JSONL); fixed across run seeds."
+    )
+    path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines; dataset: .jsonl or .parquet.")
+    eval_path: str | None = Field(None, description="JSONL, dataset: separate evaluation file (else a share).")
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL, dataset: share held out without eval_path.")
+    answer_variants: bool = Field(False, description="JSONL, dataset: answers also match other (BPE) tokenizations.")
+    prompt_key: str = Field("prompt", min_length=1, description="dataset: the field holding the prompt.")
+    answer_key: str = Field("answer", min_length=1, description="dataset: the field holding the reference answer.")
+    system_prompt: str | None = Field(None, description="dataset: a system message (needs a chat template).")
+    chat_template: bool | None = Field(None, description="dataset: apply the tokenizer's chat template (null: if any).")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="dataset: longest prompt, in tokens (null: any).")
+    long_prompts: Literal["drop", "refuse"] = Field("drop", description="dataset: what a longer prompt gets.")
+
+    @field_validator("eval_size")
+    @classmethod
+    def _eval_fits(cls, eval_size: int, info: ValidationInfo) -> int:
+        pairs = 10 ** (2 * info.data.get("digits", 1))
+        if eval_size > pairs // 4:
+            raise ValueError(f"{info.data.get('digits')}-digit addition has {pairs} problems, of which at most a "
+                             f"quarter ({pairs // 4}) can be held out")  # fmt: skip
+        return eval_size
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskSpec:
+        if self.kind in ("jsonl", "dataset"):
+            if self.path is None:
+                raise ValueError(f"kind {self.kind!r} needs a path")
+            for name in ("path", "eval_path"):
+                value = getattr(self, name)
+                if value is not None and not Path(value).is_file():
+                    raise ValueError(f"{name} {value!r} does not exist")
+        return self
+
+
+def build_task(spec: Any, tokenizer: Any) -> Any:
+    """The spec's verifiable task."""
+    if spec.task.kind == "addition":
+        return AdditionTask(
+            tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size,
+            eval_seed=spec.task.eval_seed,
+        )  # fmt: skip
+    task = spec.task
+    if task.kind == "jsonl":
+        return JsonlTask(
+            tokenizer, task.path, task.eval_path, task.eval_fraction, seed=spec.seed, eval_seed=task.eval_seed,
+            answer_variants=task.answer_variants,
+        )  # fmt: skip
+    return DatasetTask(
+        tokenizer, task.path, task.prompt_key, task.answer_key, task.eval_path, task.eval_fraction,
+        task.system_prompt, task.chat_template, task.max_prompt_tokens, task.long_prompts, seed=spec.seed,
+        eval_seed=task.eval_seed, answer_variants=task.answer_variants,
+    )  # fmt: skip
