@@ -146,7 +146,7 @@ def build_orchestrator(
             held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
             workers=rollout.workers, rollout_resources=_resources(runtime.rollout, runtime.torch_threads),
             trainer_resources=_resources(runtime.trainer, runtime.torch_threads), max_restarts=runtime.max_restarts,
-            seed=spec.seed + 1, on_eval=_on_eval(spec, held_out, tokenizer, on_table),
+            seed=spec.seed + 1, on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=_scorer(reward),
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
@@ -157,7 +157,7 @@ def build_orchestrator(
     return Orchestrator(
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
         held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
-        on_eval=_on_eval(spec, held_out, tokenizer, on_table),
+        on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=_scorer(reward),
     )  # fmt: skip
 
 
@@ -172,6 +172,12 @@ def build_reward(spec: ExperimentSpec, tokenizer: Any) -> CompositeReward:
                                term.error_score)  # fmt: skip
         terms.append(RewardTerm(term.kind, term.weight, fn=fn))
     return CompositeReward(terms)
+
+
+def _scorer(reward: CompositeReward) -> Any:
+    """How held-out answers are judged: by the first decoded term's verifier if the
+    reward has one (worked answers are not matched token for token), else exact match."""
+    return next((term.fn for term in reward.terms if term.kind == "decoded"), None)
 
 
 def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table: Callable[..., None] | None) -> Any:

@@ -146,6 +146,7 @@ class TrainerActor:
         pad_token_id: int,
         scale_advantages: bool = True,
         torch_threads: int | None = None,
+        eval_scorer: Callable[..., Any] | None = None,
     ) -> None:
         _set_threads(torch_threads)
         self.trainer = trainer_factory()
@@ -154,7 +155,7 @@ class TrainerActor:
         self.published: tuple[int, str, list[Any]] | None = None
         self.side = TrainerSide(
             self.trainer, schedule, self._put, lambda *event: self.events.append(event), eval_problems, eos_token_id,
-            pad_token_id, max_new_tokens, scale_advantages,
+            pad_token_id, max_new_tokens, scale_advantages, eval_scorer,
         )  # fmt: skip
 
     def _put(self) -> None:

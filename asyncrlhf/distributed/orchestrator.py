@@ -105,7 +105,7 @@ class RayOrchestrator:
         trainer_factory: ``fn() -> TrainerWorker``, called inside the trainer actor.
         problems: training problems (drawn by the driver, sent with each chunk).
         reward_fn, eos_token_id, pad_token_id, schedule, scale_advantages, verify_weights,
-            on_metrics, timeout_s, on_eval: as for the in-process
+            on_metrics, timeout_s, on_eval, eval_scorer: as for the in-process
             :class:`~asyncrlhf.orchestration.Orchestrator`.
         eval_problems: held-out problems, evaluated greedily in the trainer actor.
         max_new_tokens: response cap of the greedy evaluation.
@@ -137,6 +137,7 @@ class RayOrchestrator:
         max_restarts: int = 3,
         seed: int = 0,
         on_eval: EvalCallback | None = None,
+        eval_scorer: Callable[..., Any] | None = None,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
@@ -154,7 +155,7 @@ class RayOrchestrator:
             num_cpus=trainer_resources.num_cpus, num_gpus=trainer_resources.num_gpus
         ).remote(
             trainer_factory, self.schedule, eval_problems or [], max_new_tokens, eos_token_id, pad_token_id,
-            scale_advantages, trainer_resources.threads(),
+            scale_advantages, trainer_resources.threads(), eval_scorer,
         )  # fmt: skip
         rollout_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0)(RolloutActor)
         self.workers = [_Worker(i, None) for i in range(self.num_workers)]

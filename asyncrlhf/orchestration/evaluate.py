@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrlhf.rewards import exact_match_reward
+from asyncrlhf.rewards import exact_match_reward, split_reward
 from asyncrlhf.rollout.base import RolloutEngine
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import pad_rows
@@ -29,10 +29,16 @@ EvalCallback = Callable[[int, Evaluation], None]
 
 
 def evaluate(
-    engine: RolloutEngine, problems: Sequence[Problem], eos_token_id: int, pad_token_id: int, batch_size: int = 256
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    eos_token_id: int,
+    pad_token_id: int,
+    batch_size: int = 256,
+    scorer: Callable[..., Any] | None = None,
 ) -> Evaluation:
     """Greedy responses to ``problems``; a response is correct when it is exactly the
-    answer, then EOS."""
+    answer, then EOS, or, given a ``scorer`` (a reward function: a decoded verifier for
+    worked answers), when it scores above 0.5."""
     responses: list[list[int]] = []
     correct: list[bool] = []
     for start in range(0, len(problems), batch_size):
@@ -40,7 +46,11 @@ def evaluate(
         samples = engine.generate([p.prompt_ids for p in chunk])
         ids = pad_rows([s.response_ids for s in samples], pad_token_id)  # (B, R)
         answers = [[v.to(ids.device) for v in p.patterns] if p.variants else p.answer_ids.to(ids.device) for p in chunk]
-        correct += [bool(hit) for hit in exact_match_reward(ids, answers, eos_token_id).tolist()]
+        if scorer is None:
+            hits = exact_match_reward(ids, answers, eos_token_id)
+        else:
+            hits = split_reward(scorer(ids, answers, eos_token_id))[0] > 0.5
+        correct += [bool(hit) for hit in hits.tolist()]
         responses += [s.response_ids.tolist() for s in samples]
     accuracy = sum(correct) / len(correct) if correct else float("nan")
     return Evaluation(accuracy, responses, correct)

@@ -64,6 +64,8 @@ class Orchestrator:
             evaluation before any update (``eval/accuracy``), sent when measured.
         on_eval: ``callback(step, evaluation)`` after every held-out evaluation (step 0
             included): the greedy responses and which were correct.
+        eval_scorer: judges held-out responses (a reward function, e.g. a decoded
+            verifier; correct above 0.5); default: exact match on tokens.
         timeout_s: how long any wait may last before the run fails loudly.
     """
 
@@ -83,6 +85,7 @@ class Orchestrator:
         on_metrics: MetricsCallback | None = None,
         timeout_s: float = 600.0,
         on_eval: EvalCallback | None = None,
+        eval_scorer: Callable[..., Any] | None = None,
     ) -> None:
         self.schedule = schedule
         self.engine, self.trainer, self.problems = engine, trainer, problems
@@ -97,7 +100,7 @@ class Orchestrator:
         max_new = max_new_tokens or getattr(engine, "max_new_tokens", 16)
         self.trainer_side = TrainerSide(
             trainer, schedule, self._publish, self._event, eval_problems or [], eos_token_id, pad_token_id, max_new,
-            scale_advantages,
+            scale_advantages, eval_scorer,
         )  # fmt: skip
         self.buffer = self.trainer_side.buffer
         self.versions = self.trainer_side.versions

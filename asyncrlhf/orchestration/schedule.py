@@ -281,8 +281,10 @@ class TrainerSide:
         pad_token_id: int,
         max_new_tokens: int,
         scale_advantages: bool = True,
+        eval_scorer: Callable[..., Any] | None = None,
     ) -> None:
         self.trainer, self.schedule, self._publish, self._record = trainer, schedule, publish, record
+        self.eval_scorer = eval_scorer
         self.versions = VersionManager(initial=trainer.version)
         trainer.versions = self.versions
         self.buffer = schedule.make_buffer(self.versions, scale_advantages)
@@ -303,7 +305,8 @@ class TrainerSide:
             model, max_new = self.trainer.model, self.max_new_tokens
             self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, max_new)
         start = time.time()
-        evaluation = evaluate(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id)
+        evaluation = evaluate(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id,
+                              scorer=self.eval_scorer)  # fmt: skip
         self._record("trainer", "eval", start, time.time())
         return evaluation
 

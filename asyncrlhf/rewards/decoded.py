@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import multiprocessing
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -88,11 +89,16 @@ class DecodedReward:
             float(error_score),
         )
         self._pool: Any = None
+        self._lock = threading.Lock()  # rollout and evaluation may score from two threads
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_pool"] = None  # each process starts its own
+        state["_pool"] = state["_lock"] = None  # each process starts its own
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ scoring
     def decode(self, generated_ids: torch.Tensor, answers: Sequence[Any], eos_token_id: int) -> tuple[list, list]:
@@ -156,22 +162,26 @@ class DecodedReward:
 
     # ------------------------------------------------------------------ the pool
     def _ensure_pool(self) -> Any:
-        if self._pool is None:
-            from pebble import ProcessPool
+        with self._lock:
+            return self._pool or self._start_pool()
 
-            # Workers fork from a single-threaded server, not from this process (whose
-            # torch and Ray threads a fork would copy mid-operation).
-            context = multiprocessing.get_context("forkserver")
-            # Imported once in the server, so a worker replacing a killed one starts at once
-            # (else each imports the scorer's module, and torch with it: ~0.7 s).
-            context.set_forkserver_preload(["pebble", self.scorer.__module__])
-            self._pool = ProcessPool(max_workers=self.workers, context=context)
-            atexit.register(_stop, weakref.ref(self))
+    def _start_pool(self) -> Any:
+        from pebble import ProcessPool
+
+        # Workers fork from a single-threaded server, not from this process (whose torch
+        # and Ray threads a fork would copy mid-operation). The server imports pebble and
+        # the scorer's module once, so a worker replacing a killed one starts at once
+        # (else each imports the scorer's module, and torch with it: ~0.7 s).
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["pebble", self.scorer.__module__])
+        self._pool = ProcessPool(max_workers=self.workers, context=context)
+        atexit.register(_stop, weakref.ref(self))
         return self._pool
 
     def close(self) -> None:
         """Stop the pool's workers (running rows are killed) and wait for them."""
-        pool, self._pool = self._pool, None
+        with self._lock:
+            pool, self._pool = self._pool, None
         if pool is not None:
             pool.stop()
             pool.join(timeout=10)

@@ -125,3 +125,16 @@ def test_the_pool_ends_with_its_process_on_exit_and_on_ctrl_c(ending):
     while (alive := [pid for pid in children if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive == []
+
+
+def test_a_decoded_reward_pickles_without_its_pool():
+    """Sent to a Ray actor, it starts its own pool there."""
+    import pickle
+
+    tokenizer = build_char_tokenizer()
+    with DecodedReward(tokenizer, "tests.rewards.scorers:unruly", workers=1) as reward:
+        reward.score(["#### 7"], ["7"])  # the pool is up
+        copy = pickle.loads(pickle.dumps(reward))
+        assert copy._pool is None and reward._pool is not None
+        with copy:
+            assert copy.score(["#### 7", "boom"], ["7", "7"]) == ([1.0, 0.0], ["ok", "errors"])
