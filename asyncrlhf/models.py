@@ -28,7 +28,7 @@ import os
 import shutil
 import string
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ __all__ = [
     "build_policy",
     "build_tiny_model",
     "cache_dir",
+    "fit_answers",
     "load_pretrained",
     "load_tokenizer",
     "pretrained_policy",
@@ -135,21 +136,28 @@ def warm_start(model: Any, tokenizer: Any, config: WarmStartConfig = WarmStartCo
     from asyncrlhf.tasks.addition import AdditionTask
 
     task = AdditionTask(tokenizer, digits=config.digits, seed=config.seed)
-    problems = task.train_problems()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.steps)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    return fit_answers(model, task.train_problems(), tokenizer.eos_token_id, tokenizer.pad_token_id, config.steps,
+                       config.batch_size, config.lr)  # fmt: skip
+
+
+def fit_answers(
+    model: Any, problems: Iterator[Any], eos: int, pad: int, steps: int, batch_size: int, lr: float
+) -> list[float]:
+    """Supervised fine-tuning on ``problems`` (prompt → answer + EOS): cross-entropy on the
+    answer and the EOS only, AdamW with a cosine schedule; the loss curve."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     losses = []
     model.train()
-    for _ in range(config.steps):
-        batch = [next(problems) for _ in range(config.batch_size)]
+    for _ in range(steps):
+        batch = [next(problems) for _ in range(batch_size)]
         rows = [torch.cat([p.prompt_ids, p.answer_ids, torch.tensor([eos])]) for p in batch]
         ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad)  # (B, T)
-        labels = ids.clone()
-        for i, p in enumerate(batch):  # supervise answer + EOS only
-            labels[i, : p.prompt_ids.shape[0]] = -100
-        labels[ids == pad] = -100
-        attention = (ids != pad).long()
+        labels = torch.full_like(ids, -100)
+        attention = torch.zeros_like(ids)
+        for i, (p, row) in enumerate(zip(batch, rows, strict=True)):  # supervise answer + EOS only
+            labels[i, p.prompt_ids.shape[0] : row.shape[0]] = row[p.prompt_ids.shape[0] :]
+            attention[i, : row.shape[0]] = 1
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

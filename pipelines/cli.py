@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipelines.chatmodel import chat_model
 from pipelines.spec import ExperimentSpec, SpecError, apply_overrides, load_spec, spec_from_dict
 from pipelines.specfile import flatten, run_name_for
 
@@ -386,6 +387,9 @@ def ui(
     for experiment in experiments[:10]:  # MLflow 3 opens an experiment on GenAI pages unless told
         console.print(f"  {experiment.name}: {base}/{experiment.experiment_id}/runs?{mode}", soft_wrap=True)
     raise typer.Exit(serve(command))
+
+
+app.command("chat-model")(chat_model)
 
 
 def main() -> None:

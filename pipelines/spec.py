@@ -73,7 +73,8 @@ class ModelSpec(_Section):
             if self.path is None:
                 raise ValueError("kind 'pretrained' needs a path")
             if not (Path(self.path) / "config.json").is_file():
-                raise ValueError(f"path {self.path!r} is not a Hugging Face model directory (no config.json)")
+                raise ValueError(f"path {self.path!r} is not a Hugging Face model directory (no config.json; "
+                                 "`asyncrlhf chat-model --out DIR` builds a small one)")  # fmt: skip
         if self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
         return self

@@ -16,8 +16,10 @@ EXPERIMENTS = [p for p in SHIPPED if p not in SWEEPS]
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
-def test_every_shipped_experiment_validates_and_names_its_command(path):
-    spec = load_spec(path)
+def test_every_shipped_experiment_validates_and_names_its_command(path, request):
+    # word_problems.yaml runs on a model directory `asyncrlhf chat-model` builds: one of 5 steps here
+    built = ["model.path=" + str(request.getfixturevalue("chat_model_dir"))] if path.stem == "word_problems" else []
+    spec = load_spec(path, built)
     assert spec.trainer.batch_size % spec.rollout.group_size == 0
     first = path.read_text().splitlines()[0]
     assert first.startswith("# asyncrlhf run experiments/") and path.name in first

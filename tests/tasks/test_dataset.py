@@ -5,6 +5,7 @@ and counted or refused, and bad files refused naming file, line and field."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,15 @@ def test_bad_files_are_refused_naming_file_line_and_field(tokenizer, tmp_path, c
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ValueError, match=message):
         DatasetTask(tokenizer, str(path), "question", "answer")
+
+
+def test_the_shipped_word_problems_are_the_generators_output(tmp_path):
+    from asyncrlhf.tasks.word_problems import write_splits
+
+    shipped = Path(__file__).resolve().parents[2] / "experiments" / "data" / "word_problems"
+    write_splits(tmp_path)
+    for name in ("train.jsonl", "test.jsonl"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes()
+    train = {json.loads(line)["question"] for line in (shipped / "train.jsonl").read_text().splitlines()}
+    test = {json.loads(line)["question"] for line in (shipped / "test.jsonl").read_text().splitlines()}
+    assert len(train) == 4000 and len(test) == 300 and not train & test

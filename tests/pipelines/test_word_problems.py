@@ -1,0 +1,43 @@
+"""A real model directory end to end: a Qwen2 with a BPE tokenizer and a chat template
+built here, loaded like a downloaded checkpoint, run on GSM8K-format word problems
+with the math verifier through the same path a user's model takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+from asyncrlhf.models import load_pretrained
+from pipelines.chatmodel import CHAT_TEMPLATE
+from pipelines.run import run_experiment
+from pipelines.spec import load_spec
+from tests.pipelines.conftest import REPO
+
+
+def test_the_chat_model_directory_loads_like_a_downloaded_one(chat_model_dir):
+    model, tokenizer = load_pretrained(chat_model_dir)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template == CHAT_TEMPLATE
+    assert [tokenizer.decode([i]) for i in tokenizer.encode("111", add_special_tokens=False)] == ["1", "1", "1"]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Tom has 3 pens."}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    assert text == "<|im_start|>user\nTom has 3 pens.<|im_end|>\n<|im_start|>assistant\n"
+    manifest = json.loads((chat_model_dir / "asyncrlhf.json").read_text())
+    assert manifest["eval"]["problems"] == 300 and 0.0 <= manifest["eval"]["greedy_accuracy"] <= 1.0
+
+
+def test_word_problems_runs_on_the_built_model_with_the_verifier(store, chat_model_dir, tmp_path):
+    spec = load_spec(REPO / "experiments" / "word_problems.yaml", [
+        f"model.path={chat_model_dir}", "trainer.steps=2", "trainer.batch_size=16", "orchestrator.eval_every=2",
+        "tracking.eval_samples=3", "runtime.torch_threads=1",
+    ])  # fmt: skip
+    result = run_experiment(spec)
+    client = MlflowClient(store)
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(result.run_id, "reward/timeouts")] == [1, 2]
+    path = client.download_artifacts(result.run_id, "eval/samples.json", str(tmp_path))
+    rows = json.loads(Path(path).read_text())["data"]  # problem, step, prompt, answer, output, correct
+    assert sorted({row[1] for row in rows}) == [0, 2] and len(rows) == 6
+    assert all("####" in row[3] and row[2].endswith("?") for row in rows)  # the raw question, the worked answer
