@@ -121,7 +121,9 @@ class RewardTermSpec(_Section):
 
     @model_validator(mode="after")
     def _decoded_options(self) -> RewardTermSpec:
-        options = {"scorer", "workers", "timeout_s", "timeout_score", "error_score"} & self.model_fields_set
+        # Set to something else than the default (a logged spec.yaml carries every field).
+        options = {name for name in ("scorer", "workers", "timeout_s", "timeout_score", "error_score")
+                   if getattr(self, name) != type(self).model_fields[name].default}  # fmt: skip
         if self.kind != "decoded" and options:
             raise ValueError(f"{', '.join(sorted(options))}: options of kind 'decoded' only, not of {self.kind!r}")
         if self.kind == "decoded":

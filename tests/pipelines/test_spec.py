@@ -173,3 +173,11 @@ def test_the_algorithm_section_is_one_model_per_algorithm(tmp_path):
         spec_from_dict({"algorithm": {"name": "grpo", "m2_threshold": 0.1}})
     with pytest.raises(SpecError, match="'sgd'"):
         spec_from_dict({"algorithm": {"name": "sgd"}})
+
+
+@pytest.mark.parametrize("reward", ["{kind: exact_match}", "{kind: decoded, workers: 3, timeout_s: 1.5}"])
+def test_a_logged_spec_validates_again(reward):
+    """A run's spec.yaml holds every field, defaults included; resume validates it again
+    (decoded options at their defaults on another kind were once refused there)."""
+    spec = load_spec(Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml", [f"rewards=[{reward}]"])
+    assert spec_from_dict(json.loads(json.dumps(spec.model_dump(mode="json")))) == spec
