@@ -45,7 +45,7 @@ def evaluate(
         chunk = problems[start : start + batch_size]
         samples = engine.generate([p.prompt_ids for p in chunk])
         ids = pad_rows([s.response_ids for s in samples], pad_token_id)  # (B, R)
-        answers = [[v.to(ids.device) for v in p.patterns] if p.variants else p.answer_ids.to(ids.device) for p in chunk]
+        answers = [p.patterns_on(ids.device) for p in chunk]
         if scorer is None:
             hits = exact_match_reward(ids, answers, eos_token_id)
         else:

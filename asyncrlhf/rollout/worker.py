@@ -95,7 +95,7 @@ class RolloutWorker:
         start = time.time()
         responses = [s.response_ids for s in samples]
         ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)
-        answers = [_on(problems[s.prompt_index].patterns, ids.device) for s in samples]
+        answers = [problems[s.prompt_index].patterns_on(ids.device) for s in samples]
         scores, flags = split_reward(self.reward_fn(ids, answers, self.eos_token_id))
         rewards = scores.tolist()  # one transfer per batch
         rows = {name: values.tolist() for name, values in flags.items()}
@@ -114,10 +114,3 @@ class RolloutWorker:
         self._event("reward", start)
         self.generated_tokens += sum(r.shape[0] for r in responses)
         return experiences
-
-
-def _on(patterns: torch.Tensor | list[torch.Tensor], device: torch.device) -> Any:
-    """A problem's answer pattern(s) on ``device``."""
-    if isinstance(patterns, list):
-        return [p.to(device) for p in patterns]
-    return patterns.to(device)

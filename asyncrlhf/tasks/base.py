@@ -39,6 +39,11 @@ class Problem:
         """What a tensor-native reward matches: the answer's ids, or all its variants."""
         return [self.answer_ids, *self.variants] if self.variants else self.answer_ids
 
+    def patterns_on(self, device: torch.device) -> torch.Tensor | list[torch.Tensor]:
+        """:attr:`patterns` on ``device``."""
+        patterns = self.patterns
+        return [p.to(device) for p in patterns] if isinstance(patterns, list) else patterns.to(device)
+
 
 @runtime_checkable
 class Task(Protocol):
