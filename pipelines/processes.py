@@ -41,12 +41,10 @@ def sigterm_interrupts() -> Iterator[list[str]]:
         _received.append(name)
         raise KeyboardInterrupt(name)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield received
+        with _handling(handler):
+            yield received
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
         _received.clear()
 
 
@@ -125,9 +123,16 @@ def stop_on_signals() -> Iterator[list[str]]:
             raise KeyboardInterrupt
         requested.append(signal.Signals(signum).name)
 
+    with _handling(handler):
+        yield requested
+
+
+@contextlib.contextmanager
+def _handling(handler: Any) -> Iterator[None]:
+    """``handler`` for SIGTERM and SIGINT while inside; the previous handlers after."""
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield requested
+        yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
