@@ -67,8 +67,12 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
 
     Greedily dropping the largest d = (log r)² until mean(d over kept) ≤ τ keeps the
     N − k smallest values for the smallest k that satisfies the bound. Removing the
-    largest remaining value never raises the mean, so the condition is monotone in k
-    and the whole greedy loop is one sort, one cumulative sum and one ``argmax``.
+    largest remaining value never raises the mean, so the condition is monotone in k.
+    Only the largest values are ever dropped, so they are found with ``topk`` over a
+    window that grows (×4) until the bound is met inside it, instead of a full sort:
+    the usual stale batch drops a few percent of its tokens. Ties at the last dropped
+    value are broken as the greedy loop over a stable descending order breaks them
+    (lowest index first).
 
     Args:
         log_ratio: Tensor[B, L], log π_θ − log π_old.
@@ -85,24 +89,39 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     """
     m2_threshold = _check_threshold(m2_threshold)
     valid = torch.ones_like(log_ratio, dtype=torch.bool) if mask is None else mask.bool()
-    d = torch.where(valid, log_ratio.detach().double().square(), -1.0).flatten()  # (N,)
-    order = torch.argsort(d, descending=True, stable=True)  # valid tokens first, largest d first
-    d_sorted = d[order].clamp_min(0.0)  # invalid tokens contribute 0 at the tail
-    # kept_sum[k] = sum of d_sorted[k:], what remains after dropping the k largest.
-    # Summed from the smallest up (suffix sums) rather than total − prefix, which
-    # cancels catastrophically when one huge ratio sits beside tiny ones. float64
-    # keeps the comparison with τ exact enough to match the greedy loop.
-    kept_sum = torch.flip(torch.cumsum(torch.flip(d_sorted, (0,)), 0), (0,))
-    k = torch.arange(d.numel(), device=d.device)
-    kept_count = (valid.sum() - k).clamp_min(0)
-    # After dropping k tokens: mean = kept_sum / kept_count ≤ τ.
-    satisfied = (kept_sum <= m2_threshold * kept_count) | (kept_count == 0)
-    # k = N (drop everything) always satisfies the bound: append it so argmax finds it.
-    satisfied = torch.cat([satisfied, satisfied.new_ones(1)])
-    first_ok = torch.argmax(satisfied.to(torch.uint8))  # smallest k with the bound met
-    keep_sorted = k >= first_ok  # (N,) by rank
-    keep = torch.empty_like(keep_sorted).scatter_(0, order, keep_sorted)
-    return keep.view_as(log_ratio) & valid
+    # float64 keeps the comparison with τ exact enough to match the greedy loop. Invalid
+    # tokens count 0, and the greedy loop stops before it reaches any zero: once every
+    # positive value is dropped the kept mean is 0 ≤ τ.
+    d = log_ratio.detach().double().square().masked_fill_(~valid, 0.0).flatten()  # (N,)
+    n_valid = int(valid.sum())
+    if n_valid == 0 or float(d.sum()) <= m2_threshold * n_valid:
+        return valid.clone()
+    drop_count, last = _greedy_drop_count(d, n_valid, m2_threshold)
+    drop = d > last
+    ties = drop_count - int(drop.sum())
+    if ties > 0:  # the greedy order drops equal values lowest index first
+        drop[torch.nonzero(d == last).squeeze(1)[:ties]] = True
+    return valid & ~drop.view_as(log_ratio)
+
+
+def _greedy_drop_count(d: torch.Tensor, n_valid: int, m2_threshold: float) -> tuple[int, float]:
+    """(k, d of the k-th largest): the fewest largest values whose removal brings the mean
+    of the remaining valid ``d`` within ``m2_threshold``; needs k ≥ 1."""
+    window = min(d.numel(), max(1024, d.numel() // 64))
+    while True:
+        top, index = torch.topk(d, window)  # descending
+        # What remains after dropping the j largest, j = 0..window, summed without
+        # subtracting from a total (which cancels when one huge ratio sits beside tiny
+        # ones): the sum outside the window plus the window's suffix sums.
+        outside = d.index_fill(0, index, 0.0).sum()
+        suffix = torch.flip(torch.cumsum(torch.flip(top, (0,)), 0), (0,))
+        kept_sum = torch.cat([suffix, suffix.new_zeros(1)]) + outside
+        kept_count = (n_valid - torch.arange(window + 1, device=d.device)).clamp_min(0)
+        satisfied = (kept_sum <= m2_threshold * kept_count) | (kept_count == 0)
+        if bool(satisfied.any()):
+            k = int(torch.argmax(satisfied.to(torch.uint8)))
+            return (k, float(top[k - 1])) if k > 0 else (0, math.inf)  # 0: met at the rounding edge
+        window = min(d.numel(), window * 4)
 
 
 def _kept(inputs: Any, mode: str, m2_threshold: float) -> torch.Tensor:
@@ -116,8 +135,9 @@ def _kept(inputs: Any, mode: str, m2_threshold: float) -> torch.Tensor:
             "with a threshold ≤ 1 even on-policy tokens (r = 1) are masked",
             stacklevel=3,
         )
-    with torch.no_grad():
-        return valid & (inputs.ratio.square() < m2_threshold)
+    with torch.no_grad():  # r² < threshold, decided on the log-ratio: log r < ½ ln threshold
+        bound = 0.5 * math.log(m2_threshold) if m2_threshold > 0 else -math.inf
+        return valid & (inputs.log_ratio < bound)
 
 
 @torch.no_grad()
@@ -271,10 +291,12 @@ def _masked(
         clipped = torch.zeros_like(keep)
     else:
         objective, clipped = clipped_surrogate(log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + clip_eps)
-    per_token = -torch.where(keep, objective, torch.zeros_like(objective))
-    # The paper normalises by all valid tokens, so masking shrinks the step; the
-    # token variant renormalises over the kept tokens.
-    loss = aggregate(per_token, inputs.mask if mode == "batch" else keep_f, loss_agg, norm_length)
+    # The paper normalises by all valid tokens, so masking shrinks the step; the token
+    # variant renormalises over the kept tokens (its mask zeroes the dropped ones).
+    if mode == "batch":
+        loss = aggregate(-torch.where(keep, objective, torch.zeros_like(objective)), inputs.mask, loss_agg, norm_length)
+    else:
+        loss = aggregate(-objective, keep_f, loss_agg, norm_length)
     with torch.no_grad():
         metrics["masked_frac"] = (inputs.mask.sum() - keep_f.sum()) / inputs.mask.sum().clamp_min(1.0)
         metrics["m2_kept"] = masked_mean(log_ratio.square(), keep_f)

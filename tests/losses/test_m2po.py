@@ -88,3 +88,31 @@ def test_batch_mask_equals_the_greedy_reference(data, threshold):
     kept = log_ratio[keep]
     if kept.numel():
         assert kept.square().mean().item() <= threshold + 1e-12
+
+
+def sorted_reference(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The batch rule by one full stable sort (the implementation ``m2po_mask`` replaced)."""
+    d = torch.where(mask, log_ratio.double().square(), -1.0).flatten()
+    order = torch.argsort(d, descending=True, stable=True)
+    d_sorted = d[order].clamp_min(0.0)
+    kept_sum = torch.flip(torch.cumsum(torch.flip(d_sorted, (0,)), 0), (0,))
+    k = torch.arange(d.numel())
+    kept_count = (mask.sum() - k).clamp_min(0)
+    satisfied = torch.cat([(kept_sum <= threshold * kept_count) | (kept_count == 0), torch.ones(1, dtype=torch.bool)])
+    keep_sorted = k >= torch.argmax(satisfied.to(torch.uint8))
+    return torch.empty_like(keep_sorted).scatter_(0, order, keep_sorted).view_as(mask) & mask
+
+
+@pytest.mark.parametrize("sigma", [0.1, 0.3, 1.0, 3.0])  # drops ~0% to ~95%: the top-k window grows
+@pytest.mark.parametrize("threshold", [0.0, 0.04, 0.5])
+@pytest.mark.parametrize("quantum", [None, 0.05])  # rounded log-ratios: many ties at the cut
+def test_large_batch_mask_equals_the_full_sort(sigma, threshold, quantum):
+    g = torch.Generator().manual_seed(int(sigma * 10) + int(threshold * 100))
+    log_ratio = torch.randn(64, 700, generator=g) * sigma
+    if quantum is not None:
+        log_ratio = torch.round(log_ratio / quantum) * quantum
+    log_ratio[3, 5] = float("inf")  # an overflowing ratio is always dropped first
+    mask = torch.rand(64, 700, generator=g) > 0.2
+    keep = m2po_mask(log_ratio, mask, threshold)
+    assert torch.equal(keep, sorted_reference(log_ratio, mask, threshold))
+    assert not keep[3, 5]
