@@ -10,7 +10,8 @@ from typing import Any
 
 from asyncrlhf.orchestration import RunHistory
 
-__all__ = ["plot_curves", "plot_objective", "plot_run_staleness", "plot_staleness", "plot_timeline", "plot_trend"]
+__all__ = ["plot_curves", "plot_objective", "plot_run_staleness", "plot_staleness", "plot_study_curves",
+           "plot_timeline", "plot_trend"]  # fmt: skip
 
 _GANTT_MAX_EVENTS = 300  # beyond this a Gantt chart is a barcode: the timeline shows shares per time bin
 
@@ -202,5 +203,40 @@ def plot_trend(series: dict[str, list[float | None]], labels: list[str], xlabel:
     axes[-1, 0].set_xticks(range(len(labels)), labels, rotation=45, fontsize=7)
     axes[-1, 0].set_xlabel(xlabel)
     fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_study_curves(
+    curves: dict[str, dict[Any, dict[Any, Any]]], objective: str, key: str, title: str, path: Path
+) -> None:
+    """A staleness sweep's curves: one row per metric (the objective against optimiser
+    updates first, then per-step statistics), one column per staleness value, one line
+    per objective: the seed mean with the seeds' range as a band."""
+    plt = _pyplot()
+    metrics = list(curves)
+    lags = sorted({k for by_k in curves.values() for k in by_k})
+    labels = sorted({label for by_k in curves.values() for by_label in by_k.values() for label in by_label})
+    colours = {label: f"C{i}" for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(len(metrics), len(lags), figsize=(3.4 * len(lags), 2.4 * len(metrics)), squeeze=False,
+                             sharey="row")  # fmt: skip
+    for row, metric in enumerate(metrics):
+        for col, lag in enumerate(lags):
+            ax = axes[row, col]
+            for label, (xs, mean, low, high) in curves[metric].get(lag, {}).items():
+                ax.plot(xs, mean, color=colours[label], label=label, lw=1.2)
+                ax.fill_between(xs, low, high, color=colours[label], alpha=0.15, lw=0)
+            if metric in ("policy/m2", "policy/ratio_max"):  # spans decades once data is stale
+                ax.set_yscale("symlog", linthresh=1e-3)
+            if row == 0:
+                ax.set_title(f"{key} = {lag}", fontsize=8)
+            ax.set_xlabel("optimiser update" if metric == objective else "step", fontsize=8)
+            ax.set_ylabel(metric if col == 0 else "", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle(title + " (seed mean; band: seed range)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=90)
     plt.close(fig)

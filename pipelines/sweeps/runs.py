@@ -11,6 +11,7 @@ from typing import Any
 from pipelines.specfile import flatten
 from pipelines.store import owner_tags
 from pipelines.sweeps import study as studies
+from pipelines.sweeps.curves import write_study_curves
 from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.tracking import end_run, new_run
@@ -66,7 +67,9 @@ def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, r
 
     sweep, rows = report.sweep, report.rows
     with tempfile.TemporaryDirectory(prefix="asyncrlhf-sweep-") as tmp:
-        for path in report.write(Path(tmp)):
+        report.write(Path(tmp))
+        write_study_curves(client, report, Path(tmp))
+        for path in sorted(Path(tmp).iterdir()):
             client.log_artifact(parent, str(path), "summary")
     now = int(time.time() * 1000)
     states = [r["state"] for r in rows]

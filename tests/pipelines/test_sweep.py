@@ -101,8 +101,9 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
         assert "eval/accuracy" in child.data.metrics and "plots/curves.png" in {
             a.path for a in MlflowClient(store).list_artifacts(child.info.run_id, "plots")
         }
-    assert {"summary/trials.md", "summary/trials.csv", "summary/objective_vs_params.png",
-            "summary/objective_vs_staleness.png"} <= summary_files(store, parent.info.run_id)  # fmt: skip
+    summary = {"summary/trials.md", "summary/trials.csv", "summary/objective_vs_params.png",
+               "summary/objective_vs_staleness.png", "summary/curves_by_staleness.png"}  # fmt: skip
+    assert summary <= summary_files(store, parent.info.run_id)
     assert parent.data.metrics["sweep/complete"] == 4
 
 
@@ -330,8 +331,11 @@ def test_the_staleness_study_sweeps_whole_algorithm_sections_and_has_a_quick_var
     full, base = load_sweep(study)
     quick, quick_base = load_sweep(study, quick=True)
     assert (full.name, full.seeds, full.num_trials) == ("staleness_study", [0, 1, 2], 20)
-    assert (quick.name, quick.seeds, quick.num_trials) == ("staleness_study_quick", [0], 20)
-    assert quick_base["trainer"]["steps"] == 60 and base["trainer"]["steps"] == 600  # the quick start's
+    assert (quick.name, quick.seeds, quick.num_trials) == ("staleness_study_quick", [0, 1, 2], 20)
+    assert quick_base["trainer"]["steps"] == 100 and base["trainer"]["steps"] == 600  # the quick start's
+    control, control_base = load_sweep(REPO / "experiments" / "staleness_control.yaml")
+    assert (control.seeds, list(control.space["orchestrator.lag"])) == ([0, 1, 2], [0, 4, 16, 64])
+    assert (control_base["trainer"]["lr"], control_base["trainer"]["mini_batches"]) == (3e-4, 1)
     # A section given as a mapping is suggested by its label and sets the whole section.
     labels = [choice_label(v) for v in full.space["algorithm"]]
     assert labels == ["grpo", "m2po_trust_region", "m2po_batch", "decoupled_ppo", "no_trust_region"]
