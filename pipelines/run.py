@@ -118,7 +118,10 @@ def _engine(
 
 
 def build_orchestrator(
-    spec: ExperimentSpec, on_metrics: MetricsCallback | None = None, on_table: Callable[..., None] | None = None
+    spec: ExperimentSpec,
+    on_metrics: MetricsCallback | None = None,
+    on_table: Callable[..., None] | None = None,
+    on_data: Callable[[dict[str, int]], None] | None = None,
 ) -> Any:
     """Model, task, engine, reward, trainer and orchestrator, all from the spec.
 
@@ -126,7 +129,8 @@ def build_orchestrator(
     ``ray`` gives a :class:`~asyncrlhf.distributed.RayOrchestrator`, whose actors build
     their own engine and trainer from the same spec (Ray must be initialised).
     ``on_table(step, rows)`` gets each evaluation's first ``tracking.eval_samples``
-    problems, decoded (prompt, answer, output, correct).
+    problems, decoded (prompt, answer, output, correct); ``on_data`` the data's counts
+    (``data/eval_problems``, ``data/dropped_prompts``: over ``task.max_prompt_tokens``).
     """
     seed_everything(spec.seed)
     if spec.runtime.torch_threads is not None and spec.runtime.kind == "local":
@@ -139,7 +143,7 @@ def build_orchestrator(
 
         tokenizer = load_tokenizer(path)
         task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
-        runtime, held_out = spec.runtime, task.eval_problems()
+        runtime, held_out = spec.runtime, _counted(task, on_data)
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
             task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
@@ -153,12 +157,20 @@ def build_orchestrator(
     task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
-    held_out = task.eval_problems()
+    held_out = _counted(task, on_data)
     return Orchestrator(
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
         held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
         on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=_scorer(reward),
     )  # fmt: skip
+
+
+def _counted(task: Any, on_data: Callable[[dict[str, int]], None] | None) -> list[Any]:
+    """The task's held-out problems, their count and the prompts dropped told to ``on_data``."""
+    held_out = task.eval_problems()
+    if on_data is not None:
+        on_data({"data/eval_problems": len(held_out), "data/dropped_prompts": getattr(task, "dropped", 0)})
+    return held_out
 
 
 def build_reward(spec: ExperimentSpec, tokenizer: Any) -> CompositeReward:
@@ -284,8 +296,8 @@ def run_experiment(
                 runtime = spec.runtime
                 stack.enter_context(ray_runtime(runtime.address, runtime.num_cpus, runtime.num_gpus))
             try:
-                on_table = tracker.on_eval_rows if tracker else None
-                orchestrator = build_orchestrator(spec, on_metrics=fan_out, on_table=on_table)
+                on_table, data = tracker.on_eval_rows if tracker else None, {}
+                orchestrator = build_orchestrator(spec, on_metrics=fan_out, on_table=on_table, on_data=data.update)
             except (ValueError, OSError) as err:  # the spec's data or model cannot be used: no run exists yet
                 raise SpecError(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err)) from err
             if spec.runtime.kind == "ray":
@@ -294,6 +306,8 @@ def run_experiment(
             if hasattr(reward, "close"):
                 stack.callback(reward.close)  # a decoded reward's pool (a Ray actor's ends with the actor)
             run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore)
+            if tracker is not None and resume is None:
+                tracker.log_figures(data)  # whole-run figures known at the start, at step 0
             history, extra = _train(spec, orchestrator, store, tracker)
     except KeyboardInterrupt:
         if tracker is not None and tracker.run_id is None:

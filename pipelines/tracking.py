@@ -279,22 +279,25 @@ class Tracker:
         for i in range(0, len(pending), _MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=pending[i : i + _MAX_METRICS], synchronous=True)
 
-    def finish(self, history: RunHistory, extra: dict[str, float] | None = None, status: str = "FINISHED") -> None:
-        """Final metrics, artifacts, and ``status`` (FINISHED; KILLED for a pruned trial)."""
+    def log_figures(self, figures: dict[str, float] | dict[str, int]) -> None:
+        """Whole-run figures (one value each, at step 0)."""
         from mlflow.entities import Metric
 
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, 0) for k, v in figures.items() if math.isfinite(v)]
+        self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
+
+    def finish(self, history: RunHistory, extra: dict[str, float] | None = None, status: str = "FINISHED") -> None:
+        """Final metrics, artifacts, and ``status`` (FINISHED; KILLED for a pruned trial)."""
         from pipelines.plots import plot_curves, plot_run_staleness, plot_timeline
 
         begin = time.perf_counter()
         self.flush()
-        now = int(time.time() * 1000)
         # Whole-run figures, at step 0: one value each, which MLflow's charts draw as a bar
         # (at the last step they were lone dots on a 399–400.5 axis). Those the per-step
         # stream already carries (cumulative throughput) are not logged again.
         per_step = set(history.steps[-1]) if history.steps else set()
-        summary = {k: v for k, v in {**history.summary, **(extra or {})}.items() if k not in per_step}
-        final = [Metric(k, float(v), now, 0) for k, v in summary.items() if math.isfinite(v)]
-        self.client.log_batch(self.run_id, metrics=final, synchronous=True)
+        self.log_figures({k: v for k, v in {**history.summary, **(extra or {})}.items() if k not in per_step})
         with tempfile.TemporaryDirectory(prefix="asyncrlhf-") as tmp:
             artifacts = Path(tmp)
             _write_history(history, artifacts)

@@ -23,3 +23,12 @@ def flaky(response: str, reference: str) -> float:
     if response.startswith("2"):
         raise ValueError("cannot read " + response)
     return math_score(response, reference)
+
+
+def often_flaky(response: str, reference: str) -> float:
+    """Hangs on responses starting with '1', raises on the others ending in an even digit."""
+    if response.startswith("1"):
+        time.sleep(3600)
+    if response[-1:] in "02468" and response:
+        raise ValueError("cannot read " + response)
+    return math_score(response, reference)
