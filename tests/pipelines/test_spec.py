@@ -28,7 +28,7 @@ def test_every_shipped_experiment_validates_and_names_its_command(path, request)
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
 def test_every_shipped_sweep_validates_and_names_its_command(path):
     sweep, base = load_sweep(path)
-    assert sweep.parallel == 2 and sweep.num_trials >= 4
+    assert sweep.parallel == 2 and sweep.num_trials * len(sweep.seeds or [None]) >= 4  # runs
     assert spec_from_dict(base).runtime.kind == "local"
     first = path.read_text().splitlines()[0]
     assert first.startswith("# asyncrlhf sweep experiments/") and path.name in first
