@@ -17,7 +17,6 @@ import torch
 
 from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, load_tokenizer, pretrained_policy
 from asyncrlhf.orchestration import Orchestrator, RunHistory
-from asyncrlhf.rewards import CompositeReward, DecodedReward, RewardTerm
 from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.training import TrainerWorker
 from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
@@ -25,7 +24,7 @@ from pipelines.fit import check_fits
 from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals
 from pipelines.spec import ExperimentSpec, TrackingSpec, spec_from_dict
 from pipelines.specfile import SpecError, flatten, spec_hash
-from pipelines.tasks import build_task
+from pipelines.tasks import build_reward, build_task, counted_eval_problems, eval_scorer
 
 __all__ = [
     "RunResult",
@@ -143,53 +142,26 @@ def build_orchestrator(
 
         tokenizer = load_tokenizer(path)
         task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
-        runtime, held_out = spec.runtime, _counted(task, on_data)
+        runtime, held_out = spec.runtime, counted_eval_problems(task, on_data)
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
             task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
             held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
             workers=rollout.workers, rollout_resources=_resources(runtime.rollout, runtime.torch_threads),
             trainer_resources=_resources(runtime.trainer, runtime.torch_threads), max_restarts=runtime.max_restarts,
-            seed=spec.seed + 1, on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=_scorer(reward),
+            seed=spec.seed + 1, on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=eval_scorer(reward),
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
     task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
-    held_out = _counted(task, on_data)
+    held_out = counted_eval_problems(task, on_data)
     return Orchestrator(
         engine, trainer, task.train_problems(), reward, tokenizer.eos_token_id, tokenizer.pad_token_id, schedule,
         held_out, rollout.max_new_tokens, scale_advantages, on_metrics=on_metrics, timeout_s=timeout_s,
-        on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=_scorer(reward),
+        on_eval=_on_eval(spec, held_out, tokenizer, on_table), eval_scorer=eval_scorer(reward),
     )  # fmt: skip
-
-
-def _counted(task: Any, on_data: Callable[[dict[str, int]], None] | None) -> list[Any]:
-    """The task's held-out problems, their count and the prompts dropped told to ``on_data``."""
-    held_out = task.eval_problems()
-    if on_data is not None:
-        on_data({"data/eval_problems": len(held_out), "data/dropped_prompts": getattr(task, "dropped", 0)})
-    return held_out
-
-
-def build_reward(spec: ExperimentSpec, tokenizer: Any) -> CompositeReward:
-    """The spec's reward terms, summed; a ``decoded`` term holds ``tokenizer`` and starts
-    its process pool where it first scores (in a Ray rollout actor: there)."""
-    terms = []
-    for term in spec.rewards:
-        fn = None
-        if term.kind == "decoded":
-            fn = DecodedReward(tokenizer, term.scorer, term.workers, term.timeout_s, term.timeout_score,
-                               term.error_score)  # fmt: skip
-        terms.append(RewardTerm(term.kind, term.weight, fn=fn))
-    return CompositeReward(terms)
-
-
-def _scorer(reward: CompositeReward) -> Any:
-    """How held-out answers are judged: by the first decoded term's verifier if the
-    reward has one (worked answers are not matched token for token), else exact match."""
-    return next((term.fn for term in reward.terms if term.kind == "decoded"), None)
 
 
 def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table: Callable[..., None] | None) -> Any:
@@ -258,6 +230,17 @@ def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
     return store
 
 
+def _fan(*callbacks: Callable[..., None] | None) -> Callable[..., None] | None:
+    """One callback calling each given one in turn (None when none is given)."""
+    given = [cb for cb in callbacks if cb is not None]
+
+    def call(*args: Any) -> None:
+        for callback in given:
+            callback(*args)
+
+    return call if given else None
+
+
 def run_experiment(
     spec: ExperimentSpec,
     on_metrics: MetricsCallback | None = None,
@@ -265,9 +248,11 @@ def run_experiment(
     resume: str | None = None,
     checkpoint_dir: str | Path | None = None,
     restore: bool = False,
+    on_table: Callable[[int, dict[str, list[Any]]], None] | None = None,
 ) -> RunResult:
     """Build, run and track one experiment; or continue run ``resume`` from its last
-    checkpoint (same spec but for ``trainer.steps``).
+    checkpoint (same spec but for ``trainer.steps``). ``on_metrics`` and ``on_table``
+    get what the run's tracker gets: each step's metrics, each evaluation's table rows.
 
     Everything is built (and a resume checked) before the MLflow run is created or
     reopened, so bad input leaves no run behind; once the run exists, any failure marks
@@ -282,11 +267,7 @@ def run_experiment(
     check_fits(spec)  # sizes that cannot fit are refused before anything starts
     store = check_resume(spec, resume) if resume is not None else None
     tracker = Tracker(spec.tracking) if track else None
-    callbacks = [cb for cb in (tracker.on_metrics if tracker else None, on_metrics) if cb is not None]
-
-    def fan_out(step: int, metrics: dict[str, float]) -> None:
-        for callback in callbacks:
-            callback(step, metrics)
+    fan_out = _fan(tracker.on_metrics if tracker else None, on_metrics)
 
     try:
         with contextlib.ExitStack() as stack:
@@ -296,8 +277,8 @@ def run_experiment(
                 runtime = spec.runtime
                 stack.enter_context(ray_runtime(runtime.address, runtime.num_cpus, runtime.num_gpus))
             try:
-                on_table, data = tracker.on_eval_rows if tracker else None, {}
-                orchestrator = build_orchestrator(spec, on_metrics=fan_out, on_table=on_table, on_data=data.update)
+                tables, data = _fan(tracker.on_eval_rows if tracker else None, on_table), {}
+                orchestrator = build_orchestrator(spec, on_metrics=fan_out, on_table=tables, on_data=data.update)
             except (ValueError, OSError) as err:  # the spec's data or model cannot be used: no run exists yet
                 raise SpecError(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err)) from err
             if spec.runtime.kind == "ray":

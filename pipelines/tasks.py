@@ -1,19 +1,21 @@
-"""The task section of a spec, and the task it builds: 2-digit addition, a JSONL file of
-prompt/answer pairs, or a dataset file (JSONL or Parquet, read with Hugging Face
-``datasets``, chat-templated)."""
+"""The task section of a spec, and what it builds: the task (2-digit addition, a JSONL
+file of prompt/answer pairs, or a dataset file: JSONL or Parquet, read with Hugging Face
+``datasets``, chat-templated), its reward, and how held-out answers are judged."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from asyncrlhf.rewards import CompositeReward, DecodedReward, RewardTerm
 from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.tasks.dataset import DatasetTask
 from pipelines.specfile import _Section
 
-__all__ = ["TaskSpec", "build_task"]
+__all__ = ["TaskSpec", "build_reward", "build_task", "counted_eval_problems", "eval_scorer"]
 
 
 class TaskSpec(_Section):
@@ -75,3 +77,30 @@ def build_task(spec: Any, tokenizer: Any) -> Any:
         task.system_prompt, task.chat_template, task.max_prompt_tokens, task.long_prompts, seed=spec.seed,
         eval_seed=task.eval_seed, answer_variants=task.answer_variants,
     )  # fmt: skip
+
+
+def counted_eval_problems(task: Any, on_data: Callable[[dict[str, int]], None] | None) -> list[Any]:
+    """The task's held-out problems, their count and the prompts dropped told to ``on_data``."""
+    held_out = task.eval_problems()
+    if on_data is not None:
+        on_data({"data/eval_problems": len(held_out), "data/dropped_prompts": getattr(task, "dropped", 0)})
+    return held_out
+
+
+def build_reward(spec: Any, tokenizer: Any) -> CompositeReward:
+    """The spec's reward terms, summed; a ``decoded`` term holds ``tokenizer`` and starts
+    its process pool where it first scores (in a Ray rollout actor: there)."""
+    terms = []
+    for term in spec.rewards:
+        fn = None
+        if term.kind == "decoded":
+            fn = DecodedReward(tokenizer, term.scorer, term.workers, term.timeout_s, term.timeout_score,
+                               term.error_score)  # fmt: skip
+        terms.append(RewardTerm(term.kind, term.weight, fn=fn))
+    return CompositeReward(terms)
+
+
+def eval_scorer(reward: CompositeReward) -> Any:
+    """How held-out answers are judged: by the first decoded term's verifier if the
+    reward has one (worked answers are not matched token for token), else exact match."""
+    return next((term.fn for term in reward.terms if term.kind == "decoded"), None)

@@ -27,6 +27,7 @@ class TrialRunner:
         torch.set_num_threads(torch_threads)
         self._lock = threading.Lock()
         self._pending: list[tuple[int, dict[str, float]]] = []
+        self._tables: list[tuple[int, dict[str, list[Any]]]] = []
         self._stop = False
 
     def _on_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -34,6 +35,10 @@ class TrialRunner:
             self._pending.append((step, dict(metrics)))
             if self._stop:
                 raise TrialStopped(f"stopped by the sweep at step {step}")
+
+    def _on_table(self, step: int, rows: dict[str, list[Any]]) -> None:
+        with self._lock:
+            self._tables.append((step, rows))
 
     def run(self, spec_data: dict[str, Any], checkpoint_dir: str, restore: bool) -> dict[str, Any]:
         """Run the experiment, checkpointing into ``checkpoint_dir`` (continuing from its
@@ -43,16 +48,22 @@ class TrialRunner:
         spec = spec_from_dict(spec_data, source="trial")
         try:
             result = run_experiment(
-                spec, on_metrics=self._on_metrics, track=False, checkpoint_dir=checkpoint_dir, restore=restore
+                spec,
+                on_metrics=self._on_metrics,
+                track=False,
+                checkpoint_dir=checkpoint_dir,
+                restore=restore,
+                on_table=self._on_table,
             )
         except TrialStopped:
             return {"state": "pruned"}
         return {"state": "complete", "history": result.history, "final": result.final_metrics}
 
-    def poll(self) -> list[tuple[int, dict[str, float]]]:
+    def poll(self) -> tuple[list[tuple[int, dict[str, float]]], list[tuple[int, dict[str, list[Any]]]]]:
+        """New (step, metrics) and (step, evaluation table rows) since the last poll."""
         with self._lock:
-            out, self._pending = self._pending, []
-        return out
+            out, tables, self._pending, self._tables = self._pending, self._tables, [], []
+        return out, tables
 
     def stop(self) -> None:
         with self._lock:
