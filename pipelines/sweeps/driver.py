@@ -229,6 +229,7 @@ class _Driver:
                        {str(job.seed): job.tracker.run_id for job in config.jobs.values()})  # fmt: skip
         self.configs.clear()
         sweep_runs.interrupt_stale(self.study, self.client)
+        sweep_runs.end_open_children(self.client, self.parent)
 
     # ---------------------------------------------------------------- trials
     def _ask(self) -> _Config | None:
@@ -309,11 +310,15 @@ class _Driver:
         return True
 
     def _drain(self, job: _Job) -> None:
-        """Stream a job's new metrics to its child run; report seed means to Optuna."""
+        """Stream a job's new metrics and evaluation tables to its child run; report seed
+        means to Optuna."""
         import ray
 
         config = job.config
-        for step, metrics in ray.get(job.actor.poll.remote()):
+        new_metrics, tables = ray.get(job.actor.poll.remote())
+        for step, rows in tables:
+            job.tracker.on_eval_rows(step, rows)
+        for step, metrics in new_metrics:
             job.tracker.on_metrics(step, metrics)
             value = metrics.get(self.sweep.objective)
             if step == 0 or value is None or not math.isfinite(value) or config.stopping:  # 0: before training

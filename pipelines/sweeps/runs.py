@@ -16,7 +16,7 @@ from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.tracking import end_run, new_run
 
-__all__ = ["interrupt", "interrupt_stale", "log_summary", "parent_run", "seed_key"]
+__all__ = ["end_open_children", "interrupt", "interrupt_stale", "log_summary", "parent_run", "seed_key"]
 
 
 def interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_ids: dict[str, str]) -> None:
@@ -29,6 +29,16 @@ def interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_
             end_run(client, run_id, "KILLED", "interrupted")
             resumable[seed_key(params, int(seed))] = run_id
     study.set_user_attr("resumable", resumable)
+
+
+def end_open_children(client: Any, parent: str) -> None:
+    """KILL every child run of ``parent`` still RUNNING: one an interrupt caught while it
+    was being created, before its trial knew it (the driver holds the study's lock, so
+    every open child is its own)."""
+    experiment = client.get_run(parent).info.experiment_id
+    query = f"tags.mlflow.parentRunId = '{parent}' and attributes.status = 'RUNNING'"
+    for run in client.search_runs([experiment], filter_string=query):
+        end_run(client, run.info.run_id, "KILLED", "interrupted")
 
 
 def interrupt_stale(study: Any, client: Any) -> None:

@@ -76,7 +76,9 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
     _, stderr = first.communicate(timeout=120)
     assert first.returncode == 143 and "run the same command again to resume" in stderr, stderr[-3000:]
     parent, children = sweep_runs(store)
-    assert parent.info.status == "KILLED" and "RUNNING" not in {c.info.status for c in children}
+    assert parent.info.status == "KILLED" and "RUNNING" not in {c.info.status for c in children}, [
+        (c.info.run_name, c.info.status, c.data.tags.get("asyncrlhf.status")) for c in children
+    ]
     study = optuna.load_study(study_name="grid", storage=default_storage(store))
     assert [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING] == []
     assert not owner.exists()  # the lock is given back
@@ -101,6 +103,10 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
         assert "eval/accuracy" in child.data.metrics and "plots/curves.png" in {
             a.path for a in MlflowClient(store).list_artifacts(child.info.run_id, "plots")
         }
+        # Each evaluation's table, as a tracked run logs it (once per step, also after a resume).
+        table = MlflowClient(store).download_artifacts(child.info.run_id, "eval/samples.json", str(tmp_path))
+        steps = [row[1] for row in json.loads(Path(table).read_text())["data"]]
+        assert steps == [0] * 20 + [2] * 20 + [4] * 20  # 20 held-out problems, evaluated at steps 0, 2, 4
     summary = {"summary/trials.md", "summary/trials.csv", "summary/objective_vs_params.png",
                "summary/objective_vs_staleness.png", "summary/curves_by_staleness.png"}  # fmt: skip
     assert summary <= summary_files(store, parent.info.run_id)
@@ -369,3 +375,21 @@ def test_a_trial_cut_off_before_suggesting_is_queued_again_with_its_fixed_values
     assert study.trials[0].state.name == "FAIL" and study.user_attrs["interrupted"] == [0]
     again = study.ask()
     assert again.suggest_categorical("orchestrator.lag", [0, 2]) == 2
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_interrupt_while_a_trials_run_is_being_created_leaves_no_run_open(store, tmp_path, monkeypatch):
+    """SIGTERM (here: Ctrl-C) can land in ``Tracker.start`` after MLflow created the run
+    but before its trial recorded the run id: once that run stayed RUNNING forever."""
+    from pipelines.tracking import Tracker
+
+    def cut_off(self, resumed):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Tracker, "_monitor_system", cut_off)  # just after create_run
+    sweep, base = load_sweep(write_sweep(tmp_path, method="grid", space={"orchestrator.lag": [0, 1]}))
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, base, poll_s=0.2)
+    parent, children = sweep_runs(store)
+    assert parent.info.status == "KILLED" and children
+    assert {(c.info.status, c.data.tags["asyncrlhf.status"]) for c in children} == {("KILLED", "interrupted")}
