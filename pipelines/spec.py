@@ -145,6 +145,7 @@ class TrainerSpec(_Section):
     grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (null: no clipping).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
+    warmup_updates: int = Field(0, ge=0, description="Linear learning-rate warm-up over this many optimiser updates.")
     checkpoint_every: int = Field(
         100, ge=0, description="Checkpoint every this many steps, at the end, and on SIGTERM/SIGINT (0: never)."
     )
@@ -155,7 +156,7 @@ class TrainerSpec(_Section):
         from asyncrlhf.training.trainer import OptimConfig
 
         return OptimConfig(self.lr, self.weight_decay, grad_clip=self.grad_clip, ppo_epochs=self.ppo_epochs,
-                           mini_batches=self.mini_batches)  # fmt: skip
+                           mini_batches=self.mini_batches, warmup_updates=self.warmup_updates)  # fmt: skip
 
 
 class OrchestratorSpec(_Section):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncrlhf._checks import check_positive_int
+from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.losses import policy_loss
 from asyncrlhf.models import token_logprobs, weights_checksum
 from asyncrlhf.types import Experience, ExperienceBatch, collate
@@ -30,7 +30,8 @@ __all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]
 class OptimConfig:
     """AdamW and how each batch is used: ``ppo_epochs`` passes, ``mini_batches``
     optimiser steps per pass, the global gradient norm clipped at ``grad_clip`` (None:
-    no clipping)."""
+    no clipping), and the learning rate raised linearly over the first
+    ``warmup_updates`` optimiser updates (0: none)."""
 
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -38,6 +39,7 @@ class OptimConfig:
     grad_clip: float | None = 1.0
     ppo_epochs: int = 1
     mini_batches: int = 1
+    warmup_updates: int = 0
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -46,6 +48,14 @@ class OptimConfig:
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
         check_positive_int("ppo_epochs", self.ppo_epochs)
         check_positive_int("mini_batches", self.mini_batches)
+        check_nonnegative_int("warmup_updates", self.warmup_updates)
+
+    def lr_at(self, update: int) -> float:
+        """The learning rate of optimiser update ``update`` (0-based): the linear warm-up,
+        lr·(update + 1)/warmup_updates, then ``lr``."""
+        if update >= self.warmup_updates:
+            return self.lr
+        return self.lr * (update + 1) / self.warmup_updates
 
 
 def sequence_logprobs(model: Any, batch: ExperienceBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -104,7 +114,7 @@ class TrainerWorker:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
         )
-        self.grad_clip = optim.grad_clip
+        self.grad_clip, self.optim = optim.grad_clip, optim
         self.temperature = temperature
         self.ppo_epochs, self.mini_batches = optim.ppo_epochs, optim.mini_batches
         self.ref_model = ref_model.to(self.device).eval().requires_grad_(False) if ref_model is not None else None
@@ -152,6 +162,11 @@ class TrainerWorker:
         out["train/skipped_steps"] = float(self.skipped_steps)
         return out
 
+    def _updates_done(self) -> int:
+        """Optimiser updates taken so far: AdamW's own count, which a checkpoint keeps."""
+        state = self.optimizer.state.get(next(self.model.parameters()))
+        return int(state["step"]) if state else 0
+
     def _split(self, order: torch.Tensor | None) -> list[torch.Tensor | None]:
         if order is None:
             return [None]
@@ -183,11 +198,15 @@ class TrainerWorker:
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
+        lr = self.optim.lr_at(self._updates_done())
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         out = {f"policy/{k}": v for k, v in metrics.items() if k != "kl"}
         out["loss/policy"] = float(loss.detach())
         out["loss/kl"] = metrics.get("kl", 0.0)
         out["train/grad_norm"] = float(grad_norm)
+        out["train/lr"] = lr
         return out
 
     # ----------------------------------------------------------- weights / io

@@ -96,7 +96,8 @@ def test_save_load_continue_equals_not_stopping(tmp_path):
     def setup():  # type: ignore[no-untyped-def]
         model, tok = small_model()
         engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=5)
-        trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(mini_batches=2, lr=1e-2), seed=9)
+        optim = OptimConfig(mini_batches=2, lr=1e-2, warmup_updates=8)  # still warming up at the third step
+        trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=optim, seed=9)
         return engine, trainer
 
     engine, trainer = setup()
@@ -111,7 +112,22 @@ def test_save_load_continue_equals_not_stopping(tmp_path):
     assert resumed.version == 2
     got = resumed.step(batches[2])
     assert got["loss/policy"] == expected["loss/policy"]
+    # Updates 4 and 5 of the warm-up (the step's mean lr), on both: AdamW's step count is the clock.
+    assert got["train/lr"] == expected["train/lr"] == pytest.approx(1e-2 * (5 + 6) / 2 / 8)
     assert resumed.checksum() == trainer.checksum()
+
+
+def test_the_warm_up_raises_the_learning_rate_linearly_then_holds_it():
+    optim = OptimConfig(lr=1e-3, warmup_updates=4)
+    assert [optim.lr_at(u) for u in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert OptimConfig(lr=1e-3).lr_at(0) == 1e-3  # none by default
+    with pytest.raises(ValueError, match="warmup_updates"):
+        OptimConfig(warmup_updates=-1)
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(lr=1e-2, warmup_updates=3))
+    lrs = [trainer.step(rollout(engine))["train/lr"] for _ in range(4)]
+    assert lrs == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2])
 
 
 def test_missing_advantages_and_bad_settings_fail_clearly():
