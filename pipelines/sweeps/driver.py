@@ -127,6 +127,7 @@ def _run_locked(
     study = studies.make_study(sweep, base, storage)
     sweep_runs.interrupt_stale(study, client)  # trials left RUNNING by a killed driver
     parent = sweep_runs.parent_run(client, sweep, study, storage)
+    sweep_runs.end_open_children(client, parent)  # and runs it was creating
     driver = _Driver(sweep, base, study, client, parent, max_trials, on_trial)
     try:
         driver.run(poll_s)
