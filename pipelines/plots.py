@@ -169,16 +169,20 @@ def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, t
     :class:`~pipelines.stats.SeedSummary`): the mean, with a 95% CI band where n > 1."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for algo, by_k in table.items():
+    share = all(0.0 <= s.mean <= 1.0 for by_k in table.values() for s in by_k.values())
+    for i, algo in enumerate(sorted(table)):  # colours by sorted label, as plot_study_curves
+        by_k = table[algo]
         ks = list(by_k)
         means = [s.mean for s in by_k.values()]
         half = [s.ci95 if s.n > 1 else 0.0 for s in by_k.values()]
-        (line,) = ax.plot(ks, means, "o-", label=algo)
-        if any(half):
-            lows = [m - h for m, h in zip(means, half, strict=True)]
-            highs = [m + h for m, h in zip(means, half, strict=True)]
-            ax.fill_between(ks, lows, highs, color=line.get_color(), alpha=0.2)
-            ax.errorbar(ks, means, yerr=half, fmt="none", ecolor=line.get_color(), capsize=3)
+        ax.plot(ks, means, "o-", label=algo, color=f"C{i}")
+        if any(half):  # a share's interval drawn within [0, 1]
+            lows = [max(m - h, 0.0) if share else m - h for m, h in zip(means, half, strict=True)]
+            highs = [min(m + h, 1.0) if share else m + h for m, h in zip(means, half, strict=True)]
+            ax.fill_between(ks, lows, highs, color=f"C{i}", alpha=0.15)
+            ax.errorbar(ks, means, yerr=[[m - lo for m, lo in zip(means, lows, strict=True)],
+                                         [hi - m for m, hi in zip(means, highs, strict=True)]],
+                        fmt="none", ecolor=f"C{i}", capsize=3)  # fmt: skip
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel(f"staleness ({key})")
     ax.set_ylabel(f"final {objective}")
