@@ -146,6 +146,10 @@ class TrainerSpec(_Section):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
     warmup_updates: int = Field(0, ge=0, description="Linear learning-rate warm-up over this many optimiser updates.")
+    lr_decay: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="After the warm-up: hold lr, or lower it to min_lr_ratio·lr by the last step."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="The decay's floor, as a share of lr.")
     checkpoint_every: int = Field(
         100, ge=0, description="Checkpoint every this many steps, at the end, and on SIGTERM/SIGINT (0: never)."
     )
@@ -156,7 +160,9 @@ class TrainerSpec(_Section):
         from asyncrlhf.training.trainer import OptimConfig
 
         return OptimConfig(self.lr, self.weight_decay, grad_clip=self.grad_clip, ppo_epochs=self.ppo_epochs,
-                           mini_batches=self.mini_batches, warmup_updates=self.warmup_updates)  # fmt: skip
+                           mini_batches=self.mini_batches, warmup_updates=self.warmup_updates, decay=self.lr_decay,
+                           total_updates=self.steps * self.ppo_epochs * self.mini_batches,
+                           min_lr_ratio=self.min_lr_ratio)  # fmt: skip
 
 
 class OrchestratorSpec(_Section):
@@ -273,6 +279,11 @@ class ExperimentSpec(_Section):
             raise ValueError(
                 f"trainer.mini_batches={self.trainer.mini_batches} exceeds trainer.batch_size={self.trainer.batch_size}"
             )
+        trainer = self.trainer
+        updates = trainer.steps * trainer.ppo_epochs * trainer.mini_batches
+        if trainer.lr_decay != "constant" and trainer.warmup_updates >= updates:
+            raise ValueError(f"trainer.warmup_updates={trainer.warmup_updates} leaves no update to decay over with "
+                             f"lr_decay '{trainer.lr_decay}' (the run makes {updates})")  # fmt: skip
         orch = self.orchestrator
         if orch.mode == "lagged" and orch.lag is None:
             raise ValueError("orchestrator.lag is required in mode 'lagged'")

@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -30,8 +30,9 @@ __all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]
 class OptimConfig:
     """AdamW and how each batch is used: ``ppo_epochs`` passes, ``mini_batches``
     optimiser steps per pass, the global gradient norm clipped at ``grad_clip`` (None:
-    no clipping), and the learning rate raised linearly over the first
-    ``warmup_updates`` optimiser updates (0: none)."""
+    no clipping), and the learning-rate schedule: raised linearly over the first
+    ``warmup_updates`` optimiser updates (0: none), then held (``decay="constant"``) or
+    lowered to ``min_lr_ratio``·lr at update ``total_updates`` (``"linear"``, ``"cosine"``)."""
 
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -40,6 +41,9 @@ class OptimConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1
     warmup_updates: int = 0
+    decay: Literal["constant", "linear", "cosine"] = "constant"
+    total_updates: int | None = None
+    min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -49,13 +53,26 @@ class OptimConfig:
         check_positive_int("ppo_epochs", self.ppo_epochs)
         check_positive_int("mini_batches", self.mini_batches)
         check_nonnegative_int("warmup_updates", self.warmup_updates)
+        if self.decay not in ("constant", "linear", "cosine"):
+            raise ValueError(f"decay must be 'constant', 'linear' or 'cosine', got {self.decay!r}")
+        if self.decay != "constant" and (self.total_updates is None or self.total_updates <= self.warmup_updates):
+            raise ValueError(f"decay={self.decay!r} needs total_updates > warmup_updates={self.warmup_updates}, "
+                             f"got {self.total_updates!r}")  # fmt: skip
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
 
     def lr_at(self, update: int) -> float:
         """The learning rate of optimiser update ``update`` (0-based): the linear warm-up,
-        lr·(update + 1)/warmup_updates, then ``lr``."""
-        if update >= self.warmup_updates:
+        lr·(update + 1)/warmup_updates, then ``lr`` or its decay (held at the floor after
+        ``total_updates``)."""
+        if update < self.warmup_updates:
+            return self.lr * (update + 1) / self.warmup_updates
+        if self.decay == "constant":
             return self.lr
-        return self.lr * (update + 1) / self.warmup_updates
+        assert self.total_updates is not None
+        progress = min(1.0, (update - self.warmup_updates) / (self.total_updates - self.warmup_updates))
+        shape = 1.0 - progress if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape)
 
 
 def sequence_logprobs(model: Any, batch: ExperienceBatch, temperature: float = 1.0) -> torch.Tensor:

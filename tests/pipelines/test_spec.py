@@ -75,6 +75,8 @@ BAD = [
         ["runtime.trainer.num_cpus=1.5", "2.5", "runtime.num_cpus=2"],
     ),
     ("runtime:\n  kind: cluster\n", ["runtime.kind", "'cluster'"]),
+    ("trainer:\n  steps: 10\n  warmup_updates: 10\n  lr_decay: cosine\n", ["trainer.warmup_updates=10", "makes 10"]),
+    ("trainer:\n  lr_decay: step\n", ["trainer.lr_decay", "'step'"]),
     # untrainable or malicious input
     ("trainer:\n  lr: .inf\n", ["trainer.lr", "finite", "inf"]),
     ("rollout:\n  temperature: .inf\n", ["rollout.temperature", "finite"]),

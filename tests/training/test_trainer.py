@@ -123,6 +123,13 @@ def test_the_warm_up_raises_the_learning_rate_linearly_then_holds_it():
     assert OptimConfig(lr=1e-3).lr_at(0) == 1e-3  # none by default
     with pytest.raises(ValueError, match="warmup_updates"):
         OptimConfig(warmup_updates=-1)
+    # Then a decay to the floor at total_updates, held there after.
+    linear = OptimConfig(lr=1e-3, warmup_updates=2, decay="linear", total_updates=6, min_lr_ratio=0.2)
+    assert [linear.lr_at(u) for u in range(8)] == pytest.approx([5e-4, 1e-3, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4, 2e-4])
+    cosine = OptimConfig(lr=1e-3, decay="cosine", total_updates=4)
+    assert [cosine.lr_at(u) for u in range(5)] == pytest.approx([1e-3, 8.5355e-4, 5e-4, 1.4645e-4, 0.0], abs=1e-8)
+    with pytest.raises(ValueError, match="needs total_updates"):
+        OptimConfig(warmup_updates=4, decay="cosine", total_updates=4)
     model, tok = small_model()
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
     trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(lr=1e-2, warmup_updates=3))
