@@ -129,7 +129,7 @@ def build_orchestrator(
     their own engine and trainer from the same spec (Ray must be initialised).
     ``on_table(step, rows)`` gets each evaluation's first ``tracking.eval_samples``
     problems, decoded (prompt, answer, output, correct); ``on_data`` the data's counts
-    (``data/eval_problems``, ``data/dropped_prompts``: over ``task.max_prompt_tokens``).
+    (``task/eval_problems``, ``task/dropped_prompts``: over ``task.max_prompt_tokens``).
     """
     seed_everything(spec.seed)
     if spec.runtime.torch_threads is not None and spec.runtime.kind == "local":

@@ -83,7 +83,7 @@ def counted_eval_problems(task: Any, on_data: Callable[[dict[str, int]], None] |
     """The task's held-out problems, their count and the prompts dropped told to ``on_data``."""
     held_out = task.eval_problems()
     if on_data is not None:
-        on_data({"data/eval_problems": len(held_out), "data/dropped_prompts": getattr(task, "dropped", 0)})
+        on_data({"task/eval_problems": len(held_out), "task/dropped_prompts": getattr(task, "dropped", 0)})
     return held_out
 
 

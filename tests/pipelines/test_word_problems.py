@@ -54,8 +54,8 @@ def test_word_problems_runs_on_the_built_model_with_the_verifier(store, chat_mod
     # The prompts over the limit were dropped, counted and logged with the run.
     dropped = sum(n > limit for n in train + test)
     assert 0 < dropped < len(train + test)
-    assert run.data.metrics["data/dropped_prompts"] == dropped
-    assert run.data.metrics["data/eval_problems"] == sum(n <= limit for n in test)
+    assert run.data.metrics["task/dropped_prompts"] == dropped
+    assert run.data.metrics["task/eval_problems"] == sum(n <= limit for n in test)
     assert [m.step for m in client.get_metric_history(result.run_id, "reward/timeouts")] == [1, 2]
     path = client.download_artifacts(result.run_id, "eval/samples.json", str(tmp_path))
     rows = json.loads(Path(path).read_text())["data"]  # problem, step, prompt, answer, output, correct
