@@ -128,9 +128,12 @@ def suggest(trial: Any, key: str, values: Any) -> Any:
 
 
 def interrupt(study: Any, number: int, params: dict[str, Any]) -> None:
-    """Cut off trial ``number``: failed, never counted, its parameters queued again."""
+    """Cut off trial ``number``: failed, never counted, its parameters queued again. A
+    trial already told (a stop that landed just after its ``tell``) is left as it is."""
     from optuna.trial import TrialState
 
+    if number not in {t.number for t in stale_trials(study)}:
+        return
     cut = set(study.user_attrs.get(INTERRUPTED, []))
     study.set_user_attr(INTERRUPTED, sorted(cut | {number}))
     study.tell(number, state=TrialState.FAIL)

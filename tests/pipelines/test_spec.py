@@ -25,17 +25,26 @@ def test_every_shipped_experiment_validates_and_names_its_command(path, request)
     assert first.startswith("# asyncrlhf run experiments/") and path.name in first
 
 
+def load_shipped_sweep(path: Path, request) -> tuple:  # type: ignore[no-untyped-def]
+    """A shipped sweep; one over word_problems.yaml on the model `asyncrlhf chat-model` builds."""
+    if yaml.safe_load(path.read_text())["base"] != "word_problems.yaml":
+        return load_sweep(path)
+    overrides = [*yaml.safe_load(path.read_text()).get("overrides", []),
+                 "model.path=" + str(request.getfixturevalue("chat_model_dir"))]  # fmt: skip
+    return load_sweep(path, ["overrides=" + json.dumps(overrides)])
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
-def test_every_shipped_sweep_validates_and_names_its_command(path):
-    sweep, base = load_sweep(path)
+def test_every_shipped_sweep_validates_and_names_its_command(path, request):
+    sweep, base = load_shipped_sweep(path, request)
     assert sweep.parallel == 2 and sweep.num_trials * len(sweep.seeds or [None]) >= 4  # runs
     assert spec_from_dict(base).runtime.kind == "local"
     first = path.read_text().splitlines()[0]
     assert first.startswith("# asyncrlhf sweep experiments/") and path.name in first
 
 
-def test_the_shipped_sweeps_cover_staleness_thresholds_group_sizes_and_tuning():
-    spaces = {p.stem: load_sweep(p)[0] for p in SWEEPS}
+def test_the_shipped_sweeps_cover_staleness_thresholds_group_sizes_and_tuning(request):
+    spaces = {p.stem: load_shipped_sweep(p, request)[0] for p in SWEEPS}
     staleness = spaces["staleness_sweep"]
     assert staleness.space == {"orchestrator.lag": [0, 4, 16, 64], "algorithm.name": ["grpo", "m2po"]}
     assert staleness.seeds == [0, 1, 2]  # a learning result is a mean over seeds

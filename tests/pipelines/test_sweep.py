@@ -393,3 +393,16 @@ def test_an_interrupt_while_a_trials_run_is_being_created_leaves_no_run_open(sto
     parent, children = sweep_runs(store)
     assert parent.info.status == "KILLED" and children
     assert {(c.info.status, c.data.tags["asyncrlhf.status"]) for c in children} == {("KILLED", "interrupted")}
+
+
+def test_a_stop_just_after_a_trial_was_told_leaves_it_complete():
+    """SIGTERM can land in the driver between ``study.tell`` and forgetting the trial: its
+    interrupt then tried to fail a COMPLETE trial (optuna: "Cannot tell a COMPLETE trial")
+    and the sweep exited 1 instead of stopping cleanly."""
+    from pipelines.sweeps import study as studies
+
+    study = optuna.create_study()
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    study.tell(trial, 0.5)
+    studies.interrupt(study, trial.number, trial.params)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] and "interrupted" not in study.user_attrs
