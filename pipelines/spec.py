@@ -155,13 +155,18 @@ class TrainerSpec(_Section):
     )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept per run (the newest).")
 
+    @property
+    def total_updates(self) -> int:
+        """Optimiser updates over the whole run: steps × ppo_epochs × mini_batches."""
+        return self.steps * self.ppo_epochs * self.mini_batches
+
     def to_optim(self) -> Any:
         """The trainer's :class:`~asyncrlhf.training.OptimConfig`."""
         from asyncrlhf.training.trainer import OptimConfig
 
         return OptimConfig(self.lr, self.weight_decay, grad_clip=self.grad_clip, ppo_epochs=self.ppo_epochs,
                            mini_batches=self.mini_batches, warmup_updates=self.warmup_updates, decay=self.lr_decay,
-                           total_updates=self.steps * self.ppo_epochs * self.mini_batches,
+                           total_updates=self.total_updates,
                            min_lr_ratio=self.min_lr_ratio)  # fmt: skip
 
 
@@ -280,10 +285,9 @@ class ExperimentSpec(_Section):
                 f"trainer.mini_batches={self.trainer.mini_batches} exceeds trainer.batch_size={self.trainer.batch_size}"
             )
         trainer = self.trainer
-        updates = trainer.steps * trainer.ppo_epochs * trainer.mini_batches
-        if trainer.lr_decay != "constant" and trainer.warmup_updates >= updates:
+        if trainer.lr_decay != "constant" and trainer.warmup_updates >= trainer.total_updates:
             raise ValueError(f"trainer.warmup_updates={trainer.warmup_updates} leaves no update to decay over with "
-                             f"lr_decay '{trainer.lr_decay}' (the run makes {updates})")  # fmt: skip
+                             f"lr_decay '{trainer.lr_decay}' (the run makes {trainer.total_updates})")  # fmt: skip
         orch = self.orchestrator
         if orch.mode == "lagged" and orch.lag is None:
             raise ValueError("orchestrator.lag is required in mode 'lagged'")
