@@ -180,9 +180,9 @@ class TrainerWorker:
         return out
 
     def _updates_done(self) -> int:
-        """Optimiser updates taken so far: AdamW's own count, which a checkpoint keeps."""
-        state = self.optimizer.state.get(next(self.model.parameters()))
-        return int(state["step"]) if state else 0
+        """Optimiser updates taken so far: AdamW's own count, which a checkpoint keeps. The
+        largest over parameters: a frozen (or unused) one has no count, or a lower one."""
+        return max((int(state["step"]) for state in self.optimizer.state.values()), default=0)
 
     def _split(self, order: torch.Tensor | None) -> list[torch.Tensor | None]:
         if order is None:

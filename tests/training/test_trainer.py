@@ -135,6 +135,13 @@ def test_the_warm_up_raises_the_learning_rate_linearly_then_holds_it():
     trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(lr=1e-2, warmup_updates=3))
     lrs = [trainer.step(rollout(engine))["train/lr"] for _ in range(4)]
     assert lrs == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2])
+    # A frozen first parameter (no optimiser state) does not stop the clock: once it did.
+    model, tok = small_model()
+    next(model.parameters()).requires_grad_(False)
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(lr=1e-2, warmup_updates=3))
+    lrs = [trainer.step(rollout(engine))["train/lr"] for _ in range(4)]
+    assert lrs == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2])
 
 
 def test_missing_advantages_and_bad_settings_fail_clearly():
