@@ -63,12 +63,12 @@ def study_curves(client: Any, report: SweepReport) -> dict[str, dict[Any, dict[A
 
 def write_study_curves(client: Any, report: SweepReport, folder: Path) -> Path | None:
     """``curves_by_staleness.png`` in ``folder`` for a staleness sweep with complete runs."""
-    if staleness_axes(report.sweep) is None:
+    axes = staleness_axes(report.sweep)
+    if axes is None:
         return None
     curves = study_curves(client, report)
     if report.sweep.objective not in curves:
         return None
     path = folder / "curves_by_staleness.png"
-    key = staleness_axes(report.sweep)[0]  # type: ignore[index]
-    plot_study_curves(curves, report.sweep.objective, key, f"{report.sweep.name}: curves by staleness", path)
+    plot_study_curves(curves, report.sweep.objective, axes[0], f"{report.sweep.name}: curves by staleness", path)
     return path
