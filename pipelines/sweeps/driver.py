@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
+from pipelines.checkpoints import checkpoint_folder
 from pipelines.processes import stop_requested
 from pipelines.spec import spec_from_dict
 from pipelines.specfile import SpecError, run_name_for, set_path
@@ -33,7 +33,7 @@ from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import SweepReport, trial_rows
 from pipelines.sweeps.spec import SweepSpec, choice_value
-from pipelines.sweeps.trial import TrialRunner
+from pipelines.sweeps.trial import TrialRunner, check_resources
 from pipelines.tracking import Tracker, end_run, new_run, open_store, resolve_tracking_uri
 
 __all__ = ["SweepResult", "TrialRunner", "run_sweep"]
@@ -65,6 +65,7 @@ class _Config:
     data: dict[str, Any]  # the experiment mapping: base + params
     pending: list[int]  # seeds not launched yet
     jobs: dict[int, _Job] = field(default_factory=dict)  # launched, by seed
+    adopted: dict[int, str] = field(default_factory=dict)  # seed → run finished before an interrupt
     values: dict[int, float] = field(default_factory=dict)  # final objective by seed
     curves: dict[int, dict[int, float]] = field(default_factory=dict)  # step → seed → objective
     reported: set[int] = field(default_factory=set)
@@ -115,7 +116,7 @@ def run_sweep(
     storage = sweep.storage or studies.default_storage(uri)
     runtime = sweep.runtime
     with studies.driver_lock(storage, sweep.study_name), ray_runtime(runtime.address, runtime.num_cpus):
-        _check_resources(sweep)
+        check_resources(sweep)
         return _run_locked(sweep, base, max_trials, on_trial, poll_s, uri, storage)
 
 
@@ -139,18 +140,6 @@ def _run_locked(
     complete = len(studies.counted(study)) >= sweep.num_trials
     sweep_runs.log_summary(client, parent, report, complete, len(study.user_attrs.get("resumed_runs", [])))
     return SweepResult(parent, sweep.study_name, storage, report, driver.started, uri, complete)
-
-
-def _check_resources(sweep: SweepSpec) -> None:
-    import ray
-
-    total = ray.cluster_resources()
-    for resource, need in [("CPU", sweep.trial_resources.num_cpus), ("GPU", sweep.trial_resources.num_gpus)]:
-        if need > total.get(resource, 0.0):
-            raise SpecError(
-                f"trial_resources.num_{resource.lower()}s={need:g} but the Ray cluster has "
-                f"{total.get(resource, 0.0):g} {resource}s: no trial could start"
-            )
 
 
 class _Driver:
@@ -213,7 +202,10 @@ class _Driver:
                 config = self._ask()
                 if config is None:  # an invalid combination, already recorded
                     continue
-            self._launch(config, config.pending.pop(0))
+                if config.done:  # every seed adopted from runs an interrupt found finished
+                    self._tell(config)
+                    continue
+            self._launch(config, config.pending[0])  # it leaves pending once registered
 
     def interrupt(self) -> None:
         """Cut off: open trials failed as interrupted, their params queued again; also a
@@ -221,13 +213,16 @@ class _Driver:
         this driver holds the study's lock, so every RUNNING trial is its own."""
         import ray
 
-        for config in self.configs.values():
+        running = {trial.number for trial in studies.stale_trials(self.study)}
+        for config in list(self.configs.values()):
+            if config.trial.number in running and config.done:  # every seed ended before the stop
+                self._tell(config)
+                continue
             for job in config.jobs.values():
                 if not job.done:
                     ray.kill(job.actor)
             # Every seed's run not yet FINISHED (one cut off while being finished too).
-            sweep_runs.interrupt(self.study, self.client, config.trial.number, config.params,
-                       {str(job.seed): job.tracker.run_id for job in config.jobs.values()})  # fmt: skip
+            sweep_runs.interrupt(self.study, self.client, config.trial.number, config.params, self._run_ids(config))
         self.configs.clear()
         sweep_runs.interrupt_stale(self.study, self.client)
         sweep_runs.end_open_children(self.client, self.parent)
@@ -257,12 +252,37 @@ class _Driver:
             return None
         config = _Config(trial, params, data, pending=list(self.seeds))
         self.configs[trial.number] = config
+        self._adopt(config)
+        trial.set_user_attr("mlflow_run_ids", self._run_ids(config))
         return config
+
+    def _adopt(self, config: _Config) -> None:
+        """Take over the seeds' runs an interrupt found FINISHED: their values and curves."""
+        number, params = config.trial.number, config.params
+        for seed in list(config.pending):
+            name, tags = self._name(number, params, seed), self._tags(number, params, seed)
+            found = sweep_runs.adopt_finished(self.study, self.client, params, seed, self.sweep.objective, name, tags)
+            if found is not None:
+                config.pending.remove(seed)
+                config.adopted[seed], curve = found
+                config.values[seed] = curve[max(curve)]
+                for step in filter(None, curve):  # step 0 is before training, as in _drain
+                    config.curves.setdefault(step, {})[seed] = curve[step]
 
     def _name(self, number: int, params: dict[str, Any], seed: int | None = None) -> str:
         """``sweep-003·lr=0.0001·lag=2`` (and ``·s1`` per seed): the trial's swept values."""
         name = run_name_for(f"{self.sweep.name}-{number:03d}", params)
         return name if seed is None or not self.sweep.seeds else f"{name}·s{seed}"
+
+    def _tags(self, number: int, params: dict[str, Any], seed: int) -> dict[str, str]:
+        return {"sweep.trial": str(number), "sweep.params": json.dumps(params), "sweep.name": self.sweep.name,
+                "sweep.seed": str(seed)}  # fmt: skip
+
+    @staticmethod
+    def _run_ids(config: _Config) -> dict[str, str]:
+        """The trial's runs by seed: adopted and launched."""
+        ids = {**config.adopted, **{seed: job.tracker.run_id for seed, job in config.jobs.items()}}
+        return {str(seed): run_id for seed, run_id in sorted(ids.items())}
 
     def _job_data(self, data: dict[str, Any], number: int, seed: int, params: dict[str, Any]) -> dict[str, Any]:
         data = copy.deepcopy(data)
@@ -275,9 +295,8 @@ class _Driver:
         number = config.trial.number
         spec = spec_from_dict(self._job_data(config.data, number, seed, config.params), source=f"trial {number}")
         tracker = Tracker(spec.tracking)
-        tags = {"sweep.trial": str(number), "sweep.params": json.dumps(config.params), "sweep.name": self.sweep.name,
-                "sweep.seed": str(spec.seed)}  # fmt: skip
-        restore = self._resume(tracker, config.params, seed, tags)
+        tags = self._tags(number, config.params, spec.seed)
+        restore = sweep_runs.resume_run(self.study, self.client, tracker, config.params, spec.seed, tags)
         if not restore:
             tracker.start(spec, parent_run_id=self.parent, tags=tags)
         assert tracker.run_id is not None
@@ -287,28 +306,10 @@ class _Driver:
             ).remote(self.threads)
             job = _Job(config, seed, actor, tracker)
             config.jobs[seed] = job
-        config.trial.set_user_attr("mlflow_run_ids", {str(s): j.tracker.run_id for s, j in config.jobs.items()})
+            config.pending.remove(seed)  # so an interrupt never finds a seed in neither
+        config.trial.set_user_attr("mlflow_run_ids", self._run_ids(config))
         folder = str(checkpoint_folder(tracker.uri, tracker.run_id))
         self.refs[actor.run.remote(spec.model_dump(mode="json"), folder, restore)] = job
-
-    def _resume(self, tracker: Tracker, params: dict[str, Any], seed: int, tags: dict[str, str]) -> bool:
-        """Reopen the run an interrupt cut off for these parameters and seed, if it left a
-        usable checkpoint; True when the trial continues it rather than starting anew."""
-        from mlflow.entities import RunTag
-
-        resumable = dict(self.study.user_attrs.get("resumable", {}))
-        run_id = resumable.pop(sweep_runs.seed_key(params, seed), None)
-        if run_id is None:
-            return False
-        self.study.set_user_attr("resumable", resumable)
-        try:
-            state, manifest = Checkpoints(checkpoint_folder(tracker.uri, run_id)).load_latest()
-        except CheckpointError:
-            return False  # nothing was checkpointed: the trial starts over in a new run
-        tracker.resume(run_id, manifest["step"], state["record"]["steps"])
-        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
-        self.study.set_user_attr("resumed_runs", [*self.study.user_attrs.get("resumed_runs", []), run_id])
-        return True
 
     def _drain(self, job: _Job) -> None:
         """Stream a job's new metrics and evaluation tables to its child run; report seed
@@ -354,8 +355,8 @@ class _Driver:
                 value = out["final"].get(self.sweep.objective, math.nan)
                 if not math.isfinite(value):
                     raise RuntimeError(f"objective {self.sweep.objective!r} was not logged (final value {value})")
+                config.values[job.seed] = value  # before the run is FINISHED: an interrupt between tells it
                 job.tracker.finish(out["history"])
-                config.values[job.seed] = value
         except Exception as err:  # a failed seed fails its trial; the sweep goes on
             where = f"seed {job.seed}: " if self.sweep.seeds else ""
             config.error = config.error or f"{where}{type(err).__name__}: {err}"[:2000]

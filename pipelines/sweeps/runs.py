@@ -3,32 +3,100 @@
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
 from pipelines.specfile import flatten
 from pipelines.store import owner_tags
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.curves import write_study_curves
 from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
-from pipelines.tracking import end_run, new_run
+from pipelines.tracking import Tracker, end_run, new_run
 
-__all__ = ["end_open_children", "interrupt", "interrupt_stale", "log_summary", "parent_run", "seed_key"]
+__all__ = [
+    "adopt_finished", "end_open_children", "hand_over", "interrupt", "interrupt_stale", "log_summary", "parent_run",
+    "resume_run", "seed_key", "take",
+]  # fmt: skip
+
+RESUMABLE = "resumable"  # study attribute: seed key → run cut off unfinished, to continue from its checkpoint
+FINISHED = "finished"  # study attribute: seed key → run that FINISHED in a trial cut off, to adopt
 
 
 def interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_ids: dict[str, str]) -> None:
-    """The one interrupt path: the trial is failed and queued again, its unfinished runs
-    KILLED and remembered, so the queued trial continues each from its last checkpoint."""
-    studies.interrupt(study, number, params)
-    resumable = dict(study.user_attrs.get("resumable", {}))
+    """The one interrupt path: the trial is failed and queued again. Its unfinished runs
+    are KILLED and remembered, so the queued trial continues each from its last
+    checkpoint; its FINISHED runs (a stop between a seed's end and its trial's tell) are
+    remembered too, so the queued trial adopts them instead of running them twice."""
+    if not studies.interrupt(study, number, params):
+        return  # told just before the stop: its runs belong to it
+    resumable = dict(study.user_attrs.get(RESUMABLE, {}))
+    finished = dict(study.user_attrs.get(FINISHED, {}))
     for seed, run_id in run_ids.items():
-        if client.get_run(run_id).info.status != "FINISHED":
+        key = seed_key(params, int(seed))
+        if client.get_run(run_id).info.status == "FINISHED":
+            finished[key] = run_id
+        else:
             end_run(client, run_id, "KILLED", "interrupted")
-            resumable[seed_key(params, int(seed))] = run_id
-    study.set_user_attr("resumable", resumable)
+            resumable[key] = run_id
+    study.set_user_attr(RESUMABLE, resumable)
+    study.set_user_attr(FINISHED, finished)
+
+
+def take(study: Any, attr: str, params: dict[str, Any], seed: int) -> str | None:
+    """Pop the run an interrupt left in study attribute ``attr`` for these parameters and seed."""
+    runs = dict(study.user_attrs.get(attr, {}))
+    run_id = runs.pop(seed_key(params, seed), None)
+    if run_id is not None:
+        study.set_user_attr(attr, runs)
+    return run_id
+
+
+def hand_over(client: Any, run_id: str, name: str, tags: dict[str, str]) -> None:
+    """Give an earlier trial's run to the trial taking it over: its name and tags."""
+    from mlflow.entities import RunTag
+
+    client.update_run(run_id, name=name)
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
+
+
+def resume_run(
+    study: Any, client: Any, tracker: Tracker, params: dict[str, Any], seed: int, tags: dict[str, str]
+) -> bool:
+    """Reopen, under ``tracker``, the run an interrupt cut off for these parameters and
+    seed, if it left a usable checkpoint; True when the trial continues it rather than
+    starting anew."""
+    run_id = take(study, RESUMABLE, params, seed)
+    if run_id is None:
+        return False
+    try:
+        state, manifest = Checkpoints(checkpoint_folder(tracker.uri, run_id)).load_latest()
+    except CheckpointError:
+        return False  # nothing was checkpointed: the trial starts over in a new run
+    assert tracker.config.run_name is not None
+    hand_over(client, run_id, tracker.config.run_name, tags)
+    tracker.resume(run_id, manifest["step"], state["record"]["steps"])
+    study.set_user_attr("resumed_runs", [*study.user_attrs.get("resumed_runs", []), run_id])
+    return True
+
+
+def adopt_finished(
+    study: Any, client: Any, params: dict[str, Any], seed: int, objective: str, name: str, tags: dict[str, str]
+) -> tuple[str, dict[int, float]] | None:
+    """The FINISHED run an interrupt left for these parameters and seed, handed over to
+    the trial adopting it: its id and its objective by step (the last is its value)."""
+    run_id = take(study, FINISHED, params, seed)
+    if run_id is None:
+        return None
+    curve = {m.step: m.value for m in client.get_metric_history(run_id, objective)}
+    if not curve or not math.isfinite(curve[max(curve)]):
+        return None  # cannot happen for a run the driver finished; run the seed again
+    hand_over(client, run_id, name, tags)
+    return run_id, curve
 
 
 def end_open_children(client: Any, parent: str) -> None:

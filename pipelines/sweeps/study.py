@@ -127,17 +127,19 @@ def suggest(trial: Any, key: str, values: Any) -> Any:
     return trial.suggest_float(key, values.low, values.high, step=values.step, log=values.log)
 
 
-def interrupt(study: Any, number: int, params: dict[str, Any]) -> None:
+def interrupt(study: Any, number: int, params: dict[str, Any]) -> bool:
     """Cut off trial ``number``: failed, never counted, its parameters queued again. A
-    trial already told (a stop that landed just after its ``tell``) is left as it is."""
+    trial already told (a stop that landed just after its ``tell``) is left as it is;
+    False then."""
     from optuna.trial import TrialState
 
     if number not in {t.number for t in stale_trials(study)}:
-        return
+        return False
     cut = set(study.user_attrs.get(INTERRUPTED, []))
     study.set_user_attr(INTERRUPTED, sorted(cut | {number}))
     study.tell(number, state=TrialState.FAIL)
     study.enqueue_trial(params)
+    return True
 
 
 def trial_params(trial: Any) -> dict[str, Any]:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pipelines.spec import spec_from_dict
+from pipelines.specfile import SpecError
 
-__all__ = ["TrialRunner", "TrialStopped"]
+if TYPE_CHECKING:
+    from pipelines.sweeps.spec import SweepSpec
+
+__all__ = ["TrialRunner", "TrialStopped", "check_resources"]
 
 
 class TrialStopped(Exception):
@@ -68,3 +72,16 @@ class TrialRunner:
     def stop(self) -> None:
         with self._lock:
             self._stop = True
+
+
+def check_resources(sweep: SweepSpec) -> None:
+    """Refuse a sweep whose trials ask for more of a resource than the Ray cluster has."""
+    import ray
+
+    total = ray.cluster_resources()
+    for resource, need in [("CPU", sweep.trial_resources.num_cpus), ("GPU", sweep.trial_resources.num_gpus)]:
+        if need > total.get(resource, 0.0):
+            raise SpecError(
+                f"trial_resources.num_{resource.lower()}s={need:g} but the Ray cluster has "
+                f"{total.get(resource, 0.0):g} {resource}s: no trial could start"
+            )

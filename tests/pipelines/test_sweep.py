@@ -406,3 +406,68 @@ def test_a_stop_just_after_a_trial_was_told_leaves_it_complete():
     study.tell(trial, 0.5)
     studies.interrupt(study, trial.number, trial.params)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] and "interrupted" not in study.user_attrs
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_stop_after_a_trials_run_finished_but_before_its_tell_keeps_its_result(store, tmp_path, monkeypatch):
+    """SIGTERM can land after a trial's run FINISHED in MLflow but before Optuna was told:
+    the interrupt failed the trial and queued it again, and the resumed sweep ran it a
+    second time (two FINISHED runs of one grid point, seen once in CI). Now the interrupt
+    tells a trial whose every seed ended."""
+    from pipelines.sweeps import driver
+
+    real, calls = driver._Driver._tell, []
+
+    def stopped_first(self, config):  # type: ignore[no-untyped-def]
+        calls.append(config.trial.number)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(self, config)
+
+    monkeypatch.setattr(driver._Driver, "_tell", stopped_first)
+    sweep, base = load_sweep(write_sweep(tmp_path, name="told", method="grid", parallel=1,
+                                         space={"orchestrator.lag": [0, 1]}))  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, base, poll_s=0.2)
+    study = optuna.load_study(study_name="told", storage=default_storage(store))
+    assert calls == [0, 0] and [t.state.name for t in study.trials] == ["COMPLETE", "WAITING"]  # lag 1: not begun
+    monkeypatch.setattr(driver._Driver, "_tell", real)
+    result = run_sweep(sweep, base, poll_s=0.2)
+    assert result.complete and result.ran == 1 and [r["state"] for r in result.rows] == ["COMPLETE"] * 2
+    _, children = sweep_runs(store)
+    assert sorted((c.data.params["orchestrator.lag"], c.info.status) for c in children) == [
+        ("0", "FINISHED"), ("1", "FINISHED")]  # fmt: skip
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_seed_that_finished_before_a_stop_is_adopted_not_run_again(store, tmp_path, monkeypatch):
+    """A configuration's seed 0 FINISHED, then the stop came before seed 1 ran: the
+    queued trial takes seed 0's run over (renamed, retagged, its value and curve) and
+    runs only seed 1."""
+    from pipelines.tracking import Tracker
+
+    real = Tracker.finish
+
+    def stop_after(self, history):  # type: ignore[no-untyped-def]
+        real(self, history)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Tracker, "finish", stop_after)
+    sweep, base = load_sweep(write_sweep(tmp_path, name="adopt", method="grid", parallel=1, seeds=[0, 1],
+                                         space={"trainer.lr": [3e-4]}))  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, base, poll_s=0.2)
+    _, (first,) = sweep_runs(store)
+    assert first.info.status == "FINISHED" and first.data.tags["sweep.seed"] == "0"
+    monkeypatch.setattr(Tracker, "finish", real)
+    result = run_sweep(sweep, base, poll_s=0.2)
+    (row,) = result.rows
+    parent, children = sweep_runs(store)
+    assert len(children) == 2 and {c.info.status for c in children} == {"FINISHED"}
+    by_seed = {c.data.tags["sweep.seed"]: c for c in children}
+    adopted = by_seed["0"]
+    assert adopted.info.run_id == first.info.run_id and adopted.data.tags["sweep.trial"] == str(row["number"]) == "1"
+    assert adopted.info.run_name == "adopt-001·lr=0.0003·s0" and by_seed["1"].info.run_name == "adopt-001·lr=0.0003·s1"
+    finals = [by_seed[s].data.metrics["eval/accuracy"] for s in ("0", "1")]
+    assert row["state"] == "COMPLETE" and row["seed_values"] == {0: finals[0], 1: finals[1]}
+    assert row["value"] == pytest.approx(sum(finals) / 2) and parent.data.tags["sweep.status"] == "complete"
