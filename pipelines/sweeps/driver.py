@@ -253,7 +253,8 @@ class _Driver:
         config = _Config(trial, params, data, pending=list(self.seeds))
         self.configs[trial.number] = config
         self._adopt(config)
-        trial.set_user_attr("mlflow_run_ids", self._run_ids(config))
+        if config.adopted:  # launched seeds are recorded by _launch
+            trial.set_user_attr("mlflow_run_ids", self._run_ids(config))
         return config
 
     def _adopt(self, config: _Config) -> None:
