@@ -23,6 +23,7 @@ use, so on-policy ratios are exactly 1.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -310,6 +311,12 @@ def load_tokenizer(path: str | Path) -> Any:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def cache_argument(model: Any) -> str:
+    """The name of ``model.forward``'s KV-cache argument (and output): transformers 5
+    renamed ``past_key_values`` to ``cache``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -119,14 +119,24 @@ class ExperienceBatch:
 def pad_rows(rows: Sequence[torch.Tensor], value: float, left: bool = False) -> torch.Tensor:
     """Stack 1-D tensors into a (B, max length) tensor, padding on the right (or left).
 
+    One concatenation and one indexed write, whatever B: a batch of 512 rows costs a
+    handful of tensor operations, not a few per row.
+
     >>> pad_rows([torch.tensor([1, 2]), torch.tensor([3])], 0, left=True).tolist()
     [[1, 2], [0, 3]]
     """
-    # pad_sequence only gained padding_side in recent torch; flipping keeps torch>=2.4.
+    if len(rows) == 0:
+        raise ValueError("pad_rows needs at least one row")
+    flat = torch.cat(list(rows))
+    lengths = torch.tensor([r.shape[0] for r in rows])
+    width = int(lengths.max())
+    out = torch.full((len(rows), width), value, dtype=flat.dtype, device=flat.device)
+    row = torch.repeat_interleave(torch.arange(len(rows)), lengths)  # (N,) each token's row
+    col = torch.arange(flat.shape[0]) - (lengths.cumsum(0) - lengths)[row]  # its place within the row
     if left:
-        rows = [r.flip(0) for r in rows]
-    padded = torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
-    return padded.flip(1) if left else padded
+        col += (width - lengths)[row]
+    out[row.to(flat.device), col.to(flat.device)] = flat
+    return out
 
 
 def collate(
@@ -162,8 +172,11 @@ def collate(
     prompts = pad_rows([e.prompt_ids for e in experiences], pad_token_id, left=True)  # (B, P)
     responses = pad_rows([e.response_ids for e in experiences], pad_token_id, left=False)  # (B, R)
     logprobs = pad_rows([e.logprobs.float() for e in experiences], 0.0, left=False)  # (B, R)
-    prompt_mask = pad_rows([torch.ones_like(e.prompt_ids) for e in experiences], 0, left=True)
-    response_mask = pad_rows([torch.ones_like(e.response_ids) for e in experiences], 0, left=False)
+    prompt_lengths = torch.tensor([e.prompt_ids.shape[0] for e in experiences], device=prompts.device)
+    response_lengths = torch.tensor([e.response_ids.shape[0] for e in experiences], device=prompts.device)
+    p, r = prompts.shape[1], responses.shape[1]
+    prompt_mask = (torch.arange(p, device=prompts.device) >= (p - prompt_lengths)[:, None]).long()  # (B, P)
+    response_mask = (torch.arange(r, device=prompts.device) < response_lengths[:, None]).long()  # (B, R)
 
     input_ids = torch.cat([prompts, responses], dim=1)  # (B, P + R)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # (B, P + R)

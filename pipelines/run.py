@@ -100,6 +100,7 @@ def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
     return TrainerWorker(
         model, tokenizer.pad_token_id, algo.name, options, spec.trainer.to_optim(),
         temperature=spec.rollout.temperature, ref_model=ref_model, seed=spec.seed,
+        skip_zero_advantage=spec.trainer.skip_zero_advantage, share_prompts=spec.trainer.share_prompts,
     )  # fmt: skip
 
 

@@ -12,14 +12,14 @@ and its options. Sweeps have their own schema (:mod:`pipelines.sweeps.spec`).
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pipelines.algorithms import ALGORITHM_NAMES, AlgorithmSpec, GRPOSpec
+from pipelines.algorithms import AlgorithmSpec, GRPOSpec
+from pipelines.specerrors import format_validation_error
 from pipelines.specfile import SpecError, _Section, apply_overrides, read_yaml
 from pipelines.tasks import TaskSpec
 
@@ -146,10 +146,27 @@ class TrainerSpec(_Section):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
     warmup_updates: int = Field(0, ge=0, description="Linear learning-rate warm-up over this many optimiser updates.")
+    warmup_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="The warm-up as a share of the run's updates (floored), so it scales "
+        "with trainer.steps; a non-zero warmup_updates takes precedence (as in transformers).",
+    )
     lr_decay: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="After the warm-up: hold lr, or lower it to min_lr_ratio·lr by the last step."
     )
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="The decay's floor, as a share of lr.")
+    skip_zero_advantage: bool = Field(
+        True,
+        description="Leave rows with a zero advantage out of the pass where the loss allows (same update, "
+        "less compute; policy/* then describe the rows trained on).",
+    )
+    share_prompts: bool = Field(
+        True,
+        description="Read each distinct prompt once per training pass and gather its KV cache for its rows "
+        "(same log-probs and gradient; false: read every row whole).",
+    )
     checkpoint_every: int = Field(
         100, ge=0, description="Checkpoint every this many steps, at the end, and on SIGTERM/SIGINT (0: never)."
     )
@@ -160,12 +177,17 @@ class TrainerSpec(_Section):
         """Optimiser updates over the whole run: steps × ppo_epochs × mini_batches."""
         return self.steps * self.ppo_epochs * self.mini_batches
 
+    @property
+    def warmup(self) -> int:
+        """The warm-up's length in updates: ``warmup_updates``, or ``warmup_ratio`` of the run."""
+        return self.warmup_updates or int(self.warmup_ratio * self.total_updates)
+
     def to_optim(self) -> Any:
         """The trainer's :class:`~asyncrlhf.training.OptimConfig`."""
         from asyncrlhf.training.trainer import OptimConfig
 
         return OptimConfig(self.lr, self.weight_decay, grad_clip=self.grad_clip, ppo_epochs=self.ppo_epochs,
-                           mini_batches=self.mini_batches, warmup_updates=self.warmup_updates, decay=self.lr_decay,
+                           mini_batches=self.mini_batches, warmup_updates=self.warmup, decay=self.lr_decay,
                            total_updates=self.total_updates,
                            min_lr_ratio=self.min_lr_ratio)  # fmt: skip
 
@@ -285,7 +307,7 @@ class ExperimentSpec(_Section):
                 f"trainer.mini_batches={self.trainer.mini_batches} exceeds trainer.batch_size={self.trainer.batch_size}"
             )
         trainer = self.trainer
-        if trainer.lr_decay != "constant" and trainer.warmup_updates >= trainer.total_updates:
+        if trainer.lr_decay != "constant" and trainer.warmup >= trainer.total_updates:
             raise ValueError(f"trainer.warmup_updates={trainer.warmup_updates} leaves no update to decay over with "
                              f"lr_decay '{trainer.lr_decay}' (the run makes {trainer.total_updates})")  # fmt: skip
         orch = self.orchestrator
@@ -327,48 +349,6 @@ class ExperimentSpec(_Section):
 
 
 # ---------------------------------------------------------------------------- loading
-def format_validation_error(err: ValidationError, data: Any = None) -> str:
-    """One line naming every bad field and its value (a union's tag left out of the path)."""
-    lines = []
-    for item in err.errors():
-        parts, where = list(item["loc"]), ""
-        if len(parts) > 1 and parts[0] == "algorithm" and parts[1] in ALGORITHM_NAMES:
-            where = f" for algorithm {parts.pop(1)!r}"  # the union's tag: algorithm.grpo.x → algorithm.x
-        tags = [p for p in parts if isinstance(p, str) and _UNION_TAG.match(p)]
-        if tags and not _member_fits(tags[-1], item["input"]):
-            continue  # a union member the value was never meant for (a range is not a list)
-        parts = [p for p in parts if p not in tags]
-        loc = ".".join(str(part) for part in parts)
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key{where} (value {_short(item['input'])})")
-        elif loc and not isinstance(item["input"], dict):
-            lines.append(f"{loc}: {message} (got {_short(item['input'])})")
-        elif loc:
-            lines.append(f"{loc}: {message}")
-        else:
-            lines.append(message)
-    return "; ".join(lines)
-
-
-_UNION_TAG = re.compile(r"^(list|dict|str|int|float|bool)(\[.*\])?$|^function-(after|before|wrap|plain)\[")
-
-
-def _member_fits(tag: str, value: Any) -> bool:
-    """Whether a union member (pydantic's tag in an error's path) is meant for ``value``'s
-    kind; a value of a kind no member takes is reported against every member."""
-    kinds = {"list": list, "dict": dict, "str": str, "int": int, "float": float, "bool": bool}
-    kind = kinds.get(tag.split("[")[0])
-    if kind is None:  # a model behind a validator function: takes mappings
-        kind = dict
-    return isinstance(value, kind) or not isinstance(value, list | dict)
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
-
-
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentSpec:
     """Read a YAML experiment, apply dotted overrides, validate.
 

@@ -4,7 +4,7 @@ Each loss returns ``(loss, metrics)``: a scalar tensor carrying the gradient and
 of floats (clip fraction, ratio mean/max, M2, masked fraction, approximate KL…).
 """
 
-from asyncrlhf.losses._common import LossAgg, aggregate
+from asyncrlhf.losses._common import LossAgg, aggregate, aggregation_share
 from asyncrlhf.losses.decoupled import compute_decoupled_ppo_loss
 from asyncrlhf.losses.grpo import compute_grpo_loss, group_advantages
 from asyncrlhf.losses.gspo import compute_gspo_loss
@@ -24,6 +24,7 @@ __all__ = [
     "LossAgg",
     "PolicyLoss",
     "aggregate",
+    "aggregation_share",
     "compute_decoupled_ppo_loss",
     "compute_grpo_loss",
     "compute_gspo_loss",

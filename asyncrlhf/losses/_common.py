@@ -10,8 +10,8 @@ import torch
 
 from asyncrlhf._checks import check_float, check_rank, check_same_shape, check_tensor
 
-__all__ = ["LOSS_AGGS", "LossAgg", "PolicyInputs", "aggregate", "check_clip_eps", "check_loss_agg", "clipped_surrogate",
-           "masked_mean", "prepare_inputs", "ratio_metrics", "to_floats"]  # fmt: skip
+__all__ = ["LOSS_AGGS", "LossAgg", "PolicyInputs", "aggregate", "aggregation_share", "check_clip_eps", "check_loss_agg",
+           "clipped_surrogate", "masked_mean", "prepare_inputs", "ratio_metrics", "to_floats"]  # fmt: skip
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -145,6 +145,30 @@ def aggregate(
         return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
     per_seq = (per_token * mask).sum(dim=1) / float(norm_length)  # (B,)
     return per_seq.mean() if per_seq.numel() else per_seq.sum()
+
+
+def aggregation_share(mask: torch.Tensor, rows: torch.Tensor, loss_agg: str) -> float:
+    """The weight of ``rows`` in :func:`aggregate` over the whole (B, L) ``mask``.
+
+    When the other rows' per-token losses are 0, ``aggregate`` over the whole batch
+    equals this share times ``aggregate`` over ``rows`` alone: the share of valid tokens
+    (``token-mean``), of sequences with a token (``seq-mean-token-mean``) or of rows
+    (``seq-mean-token-sum-norm``).
+
+    Example:
+        >>> mask = torch.tensor([[1.0, 1, 0], [1, 1, 1], [0, 0, 0]])
+        >>> [aggregation_share(mask, torch.tensor([1]), agg) for agg in LOSS_AGGS]
+        [0.6, 0.5, 0.3333333333333333]
+    """
+    check_loss_agg(loss_agg, 1)
+    if loss_agg == "token-mean":
+        part, whole = mask[rows].sum(), mask.sum()
+    elif loss_agg == "seq-mean-token-mean":
+        has_tokens = mask.sum(dim=1) > 0
+        part, whole = has_tokens[rows].sum(), has_tokens.sum()
+    else:
+        part, whole = torch.tensor(float(rows.numel())), torch.tensor(float(mask.shape[0]))
+    return float(part) / max(float(whole), 1.0)
 
 
 def clipped_surrogate(

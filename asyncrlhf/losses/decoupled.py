@@ -37,7 +37,7 @@ from asyncrlhf.losses.registry import register_policy_loss
 __all__ = ["compute_decoupled_ppo_loss"]
 
 
-@register_policy_loss("decoupled_ppo")
+@register_policy_loss("decoupled_ppo", row_separable=True)
 def compute_decoupled_ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

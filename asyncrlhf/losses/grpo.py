@@ -86,7 +86,7 @@ def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool
     return [c / (std + eps) for c in centred]
 
 
-@register_policy_loss("grpo")
+@register_policy_loss("grpo", row_separable=True)
 def compute_grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

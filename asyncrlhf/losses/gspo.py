@@ -32,7 +32,7 @@ from asyncrlhf.losses.registry import register_policy_loss
 __all__ = ["compute_gspo_loss"]
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", row_separable=True)
 def compute_gspo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

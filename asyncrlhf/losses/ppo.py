@@ -25,7 +25,7 @@ from asyncrlhf.losses.registry import register_policy_loss
 __all__ = ["clipped_surrogate", "compute_ppo_loss"]
 
 
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", row_separable=True)
 def compute_ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -9,6 +9,12 @@ policy's (the trainer's weights at the start of the step, recomputed once per st
 so a typo fails when the trainer is built, not mid-run; the bound loss keeps the
 function itself (``.fn``), so a reader goes straight to it.
 
+A loss registered ``row_separable`` promises that each row's per-token loss depends on
+that row alone and is exactly 0, gradient included, where its advantage is 0 (unless an
+option such as ``kl_coef`` adds a term of its own): the trainer may then leave such rows
+out of the forward and backward pass and rescale (see :attr:`BoundLoss.skips_zero_advantage`).
+A loss whose terms couple rows (M2PO's batch-wide mask) must not claim it.
+
 Adding an objective is one file: the decorated function (plus, for specs, its model in
 ``pipelines.algorithms``).
 """
@@ -28,10 +34,14 @@ PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 # Passed by the trainer, not options; a loss that names ref_logprobs or prox_logprobs gets them.
 _DATA = ("logprobs", "old_logprobs", "advantages", "mask", "ref_logprobs", "prox_logprobs")
 _REGISTRY: dict[str, PolicyLoss] = {}
+_ROW_SEPARABLE: set[str] = set()
+# Options that add a term to rows whose advantage is 0 (GRPO's KL to the reference).
+_ROW_TERMS = ("kl_coef",)
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register ``fn`` as the policy loss ``name``; returns ``fn`` unchanged."""
+def register_policy_loss(name: str, row_separable: bool = False) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register ``fn`` as the policy loss ``name``; returns ``fn`` unchanged.
+    ``row_separable``: see the module docstring."""
 
     def decorate(fn: PolicyLoss) -> PolicyLoss:
         params = list(inspect.signature(fn).parameters)
@@ -40,6 +50,8 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
         if name in _REGISTRY and _REGISTRY[name] is not fn:
             raise ValueError(f"policy loss {name!r} is already registered ({_REGISTRY[name].__qualname__})")
         _REGISTRY[name] = fn
+        if row_separable:
+            _ROW_SEPARABLE.add(name)
         return fn
 
     return decorate
@@ -72,6 +84,18 @@ class BoundLoss:
     @property
     def uses_proximal(self) -> bool:
         return "prox_logprobs" in inspect.signature(self.fn).parameters
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Whether rows with a zero advantage may be left out of the pass: the loss is
+        row-separable and no bound option gives those rows a term of their own."""
+        return self.name in _ROW_SEPARABLE and not any(self.options.get(key) for key in _ROW_TERMS)
+
+    @property
+    def loss_agg(self) -> str:
+        """The aggregation the bound loss reduces with (its ``loss_agg`` default unless bound)."""
+        default = inspect.signature(self.fn).parameters.get("loss_agg")
+        return str(self.options.get("loss_agg", default.default if default is not None else "token-mean"))
 
     def __call__(
         self,

@@ -13,13 +13,12 @@ one, which is real off-policyness and shows up in the ratio statistics.
 from __future__ import annotations
 
 import copy as copy_module
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from asyncrlhf.models import token_logprobs, weights_checksum
+from asyncrlhf.models import cache_argument, token_logprobs, weights_checksum
 from asyncrlhf.rollout.base import EngineBase, Sample, Sampling, check_generate_args
 from asyncrlhf.types import pad_rows
 
@@ -65,8 +64,7 @@ class HFEngine(EngineBase):
         self.top_p = float(sampling.top_p)
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._set_version(version)
-        # transformers 5 renamed the KV-cache argument and output from past_key_values to cache.
-        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._cache_arg = cache_argument(self.model)
 
     def reseed(self, seed: int) -> None:
         self._generator.manual_seed(seed)
@@ -81,21 +79,28 @@ class HFEngine(EngineBase):
 
     @torch.no_grad()  # not inference_mode: callers may edit or reuse the returned tensors
     def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        """Sample ``num_samples`` completions per prompt, prompt-major."""
+        """Sample ``num_samples`` completions per prompt, prompt-major.
+
+        Each prompt is read once: its KV cache and last logits are repeated for its
+        ``num_samples`` rows, which sample independently from there (a group of G costs
+        one prefill, not G). A cache without ``batch_repeat_interleave`` falls back to a
+        prefill per row.
+        """
         check_generate_args(prompts, num_samples)
-        rows = [p.to(self.device) for p in prompts for _ in range(num_samples)]
-        ids = pad_rows(rows, self.pad_token_id, left=True)  # (N, P)
-        attention = pad_rows([torch.ones_like(r) for r in rows], 0, left=True)  # (N, P)
+        unique = [p.to(self.device) for p in prompts]
+        ids = pad_rows(unique, self.pad_token_id, left=True)  # (n, P)
+        attention = pad_rows([torch.ones_like(r) for r in unique], 0, left=True)  # (n, P)
         positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
-        n = ids.shape[0]
+        logits, cache = self._prefill(ids, attention, positions, num_samples)  # (N, V), rows prompt-major
+        attention = attention.repeat_interleave(num_samples, dim=0)  # (N, P)
+        positions = positions.repeat_interleave(num_samples, dim=0)
+        n = attention.shape[0]
         tokens = torch.full((n, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=self.device)
         finished = torch.zeros(n, dtype=torch.bool, device=self.device)
         lengths = torch.zeros(n, dtype=torch.long, device=self.device)
 
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
         for t in range(self.max_new_tokens):
-            logits = out.logits[:, -1, :]  # (N, V)
             token, logp = self._sample(logits)  # (N,), (N,)
             tokens[:, t] = torch.where(finished, self.pad_token_id, token)
             logprobs[:, t] = torch.where(finished, 0.0, logp)
@@ -110,8 +115,9 @@ class HFEngine(EngineBase):
                 attention_mask=attention,
                 position_ids=positions,
                 use_cache=True,
-                **{self._cache_arg: getattr(out, self._cache_arg)},
+                **{self._cache_arg: cache},
             )
+            logits, cache = out.logits[:, -1, :], getattr(out, self._cache_arg)  # (N, V)
         lengths_host = lengths.tolist()
         return [
             Sample(
@@ -123,6 +129,23 @@ class HFEngine(EngineBase):
             )
             for i in range(n)
         ]
+
+    def _prefill(
+        self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, num_samples: int
+    ) -> tuple[torch.Tensor, Any]:
+        """The prompts' last logits and KV cache, each repeated ``num_samples`` times."""
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)  # fmt: skip
+        cache = getattr(out, self._cache_arg)
+        if num_samples == 1:
+            return out.logits[:, -1, :], cache
+        if hasattr(cache, "batch_repeat_interleave"):
+            cache.batch_repeat_interleave(num_samples)
+            return out.logits[:, -1, :].repeat_interleave(num_samples, dim=0), cache
+        rows = (ids.repeat_interleave(num_samples, dim=0), attention.repeat_interleave(num_samples, dim=0))
+        out = self.model(input_ids=rows[0], attention_mask=rows[1], use_cache=True, logits_to_keep=1,
+                         position_ids=positions.repeat_interleave(num_samples, dim=0))  # fmt: skip
+        return out.logits[:, -1, :], getattr(out, self._cache_arg)
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.temperature == 0:

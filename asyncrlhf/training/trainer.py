@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
-from asyncrlhf.losses import policy_loss
-from asyncrlhf.models import token_logprobs, weights_checksum
+from asyncrlhf.losses import aggregation_share, policy_loss
+from asyncrlhf.models import cache_argument, token_logprobs, weights_checksum
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
 __all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]
@@ -75,13 +75,25 @@ class OptimConfig:
         return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape)
 
 
-def sequence_logprobs(model: Any, batch: ExperienceBatch, temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model: Any, batch: ExperienceBatch, temperature: float = 1.0, share_prompts: bool = True
+) -> torch.Tensor:
     """Log-probs of the response tokens under ``model`` at ``temperature``: Tensor[B, R].
 
-    Only the logits that predict response tokens are materialised (``logits_to_keep``):
-    columns P − 1 … P + R − 2 of the collated layout.
+    Each distinct prompt is read once (a GRPO batch holds each prompt G times): its KV
+    cache, gradient and all, is gathered for its rows, which then read only their
+    responses. The gradient reaching the prompt is the sum over its rows, as in a pass
+    over every row; only float rounding differs. Where the prompts are all distinct, the
+    model's cache cannot be gathered, or ``share_prompts`` is False, one pass reads prompt
+    and response of every row and materialises only the logits that predict response
+    tokens (``logits_to_keep``).
     """
-    width = batch.response_ids.shape[1]
+    width, p = batch.response_ids.shape[1], batch.prompt_width
+    prompts, inverse = torch.unique(batch.input_ids[:, :p], dim=0, return_inverse=True)
+    if share_prompts and prompts.shape[0] < len(batch):
+        logits = _shared_prompt_logits(model, batch, inverse, prompts.shape[0])
+        if logits is not None:
+            return token_logprobs(logits, batch.response_ids, temperature)
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -91,6 +103,37 @@ def sequence_logprobs(model: Any, batch: ExperienceBatch, temperature: float = 1
     )
     logits = out.logits[:, :-1, :]  # (B, R, V): the last kept column predicts past the end
     return token_logprobs(logits, batch.response_ids, temperature)
+
+
+def _shared_prompt_logits(model: Any, batch: ExperienceBatch, inverse: torch.Tensor, n: int) -> torch.Tensor | None:
+    """The (B, R, V) logits predicting each response token, each of the ``n`` distinct
+    prompts read once (``inverse``: row → prompt); None when the cache has no gather."""
+    width, p = batch.response_ids.shape[1], batch.prompt_width
+    rows = torch.arange(len(batch), device=inverse.device)
+    first = torch.full((n,), len(batch), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
+    arg = cache_argument(model)
+    out = model(
+        input_ids=batch.input_ids[first, :p],
+        attention_mask=batch.attention_mask[first, :p],
+        position_ids=batch.position_ids[first, :p],
+        logits_to_keep=1,
+        use_cache=True,
+    )
+    cache = getattr(out, arg)
+    if not hasattr(cache, "batch_select_indices"):
+        return None
+    last = out.logits[:, -1, :][inverse]  # (B, V): the prompt's last position predicts response token 0
+    if width == 1:
+        return last[:, None, :]
+    cache.batch_select_indices(inverse)  # (n, …) → (B, …), differentiable gather
+    out = model(
+        input_ids=batch.response_ids[:, :-1],
+        attention_mask=batch.attention_mask[:, : p + width - 1],
+        position_ids=batch.position_ids[:, p : p + width - 1],
+        use_cache=True,
+        **{arg: cache},
+    )
+    return torch.cat([last[:, None, :], out.logits], dim=1)  # (B, R, V)
 
 
 class TrainerWorker:
@@ -107,6 +150,15 @@ class TrainerWorker:
         versions: optional shared version source with ``bump()``, bumped once per step.
         device: where to train (default: where the model is).
         seed: seeds the mini-batch shuffling generator.
+        skip_zero_advantage: leave rows whose advantage is 0 out of the forward and
+            backward pass when the loss allows it (``BoundLoss.skips_zero_advantage``):
+            they add exactly nothing to the gradient, and the loss over the rest is
+            rescaled by their share, so the update is the same up to float rounding at a
+            fraction of the cost (GRPO groups whose completions all scored alike). The
+            ``policy/*`` statistics are then those of the rows trained on;
+            ``train/signal_rows`` is their share of the batch.
+        share_prompts: read each distinct prompt once per pass (see
+            :func:`sequence_logprobs`); False reads every row whole.
     """
 
     def __init__(
@@ -121,6 +173,8 @@ class TrainerWorker:
         versions: Any | None = None,
         device: str | torch.device | None = None,
         seed: int = 0,
+        skip_zero_advantage: bool = True,
+        share_prompts: bool = True,
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for training, got {temperature!r}")
@@ -138,6 +192,8 @@ class TrainerWorker:
         self.versions = versions
         self.version = 0 if versions is None else int(versions.version)
         self.skipped_steps = 0
+        self.skip_zero_advantage = skip_zero_advantage and self.loss_fn.skips_zero_advantage
+        self.share_prompts = share_prompts
         self._generator = torch.Generator().manual_seed(seed)
 
     # ------------------------------------------------------------------ step
@@ -151,10 +207,10 @@ class TrainerWorker:
         ref_logprobs = prox_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logprobs = sequence_logprobs(self.ref_model, batch, self.temperature)
+                ref_logprobs = sequence_logprobs(self.ref_model, batch, self.temperature, self.share_prompts)
         if self.loss_fn.uses_proximal:  # the policy before this step's updates (decoupled PPO)
             with torch.no_grad():
-                prox_logprobs = sequence_logprobs(self.model, batch, self.temperature)
+                prox_logprobs = sequence_logprobs(self.model, batch, self.temperature, self.share_prompts)
 
         self.model.train()
         totals: dict[str, float] = {}
@@ -175,6 +231,7 @@ class TrainerWorker:
         if self.versions is not None:
             self.versions.bump()
         out = {key: value / updates for key, value in totals.items()} if updates else {}
+        out["train/signal_rows"] = float((batch.advantages != 0).float().mean())
         out["train/skipped_updates"] = float(skipped)
         out["train/skipped_steps"] = float(self.skipped_steps)
         return out
@@ -203,8 +260,14 @@ class TrainerWorker:
             sub = _select(batch, rows)
             ref = None if ref_logprobs is None else ref_logprobs[rows]
             prox = None if prox_logprobs is None else prox_logprobs[rows]
-        logprobs = sequence_logprobs(self.model, sub, self.temperature)  # (b, R)
+        signal, share = self._signal_rows(sub)
+        if signal is not None:
+            sub = _select(sub, signal)
+            ref = None if ref is None else ref[signal]
+            prox = None if prox is None else prox[signal]
+        logprobs = sequence_logprobs(self.model, sub, self.temperature, self.share_prompts)  # (b, R)
         loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
+        loss = loss * share
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
             return None
@@ -225,6 +288,18 @@ class TrainerWorker:
         out["train/grad_norm"] = float(grad_norm)
         out["train/lr"] = lr
         return out
+
+    def _signal_rows(self, batch: ExperienceBatch) -> tuple[torch.Tensor | None, float]:
+        """The rows with a non-zero advantage and their share of the loss (see
+        :func:`~asyncrlhf.losses.aggregation_share`); ``(None, 1.0)``, every row,
+        when skipping is off or would drop nothing or everything (an all-zero batch
+        still takes its optimiser step, as AdamW's momentum moves the weights)."""
+        if not self.skip_zero_advantage:
+            return None, 1.0
+        rows = (batch.advantages != 0).nonzero().squeeze(1)
+        if rows.numel() in (0, len(batch)):
+            return None, 1.0
+        return rows, aggregation_share(batch.response_mask.float(), rows, self.loss_fn.loss_agg)
 
     # ----------------------------------------------------------- weights / io
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pipelines.spec import TrackingSpec, format_validation_error, spec_from_dict
+from pipelines.spec import TrackingSpec, spec_from_dict
+from pipelines.specerrors import format_validation_error
 from pipelines.specfile import SpecError, _Section, apply_overrides, read_yaml, set_path
 
 __all__ = [

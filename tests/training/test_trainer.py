@@ -155,3 +155,113 @@ def test_missing_advantages_and_bad_settings_fail_clearly():
         TrainerWorker(model, tok.pad_token_id, "ppo", {"m2_threshold": 0.1})
     with pytest.raises(ValueError, match="lr"):
         TrainerWorker(model, tok.pad_token_id, optim=OptimConfig(lr=0.0))
+
+
+def _with_zero_groups(experiences: list[Experience]) -> list[Experience]:
+    """The first group's advantages set to 0 (a group that scored alike), the rest kept."""
+    return [
+        Experience(e.prompt_ids, e.response_ids, e.logprobs, e.reward, e.policy_version, e.prompt_id,
+                   0.0 if i < G else (e.advantage or 0.5))
+        for i, e in enumerate(experiences)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "gspo", "decoupled_ppo"])
+def test_leaving_out_zero_advantage_rows_gives_the_same_update(algorithm, loss_agg):
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    batch = _with_zero_groups(rollout(engine))
+    options = {"loss_agg": loss_agg, **({"norm_length": 6} if loss_agg == "seq-mean-token-sum-norm" else {})}
+    if algorithm == "gspo":
+        options["clip_eps"], options["clip_eps_high"] = 0.2, 0.2
+    results, rows_seen = [], []
+    for skip in (False, True):
+        copy_ = copy.deepcopy(model)
+        copy_.register_forward_pre_hook(lambda _m, _a, kw: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        trainer = TrainerWorker(copy_, tok.pad_token_id, algorithm, options, OptimConfig(lr=1e-2, mini_batches=2),
+                                seed=5, skip_zero_advantage=skip)  # fmt: skip
+        metrics = [trainer.step(batch) for _ in range(2)]
+        results.append((metrics, trainer.state_dict()))
+    (full, full_weights), (skipped, skipped_weights) = results
+    signal = sum(e.advantage != 0 for e in batch) / len(batch)
+    # 2 steps × 2 mini-batches (+1 proximal pass per step for decoupled PPO), full rows vs signal rows only.
+    assert sum(rows_seen[: len(rows_seen) // 2]) > sum(rows_seen[len(rows_seen) // 2 :])
+    for a, b in zip(full, skipped, strict=True):
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], abs=1e-6)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
+        assert a["train/signal_rows"] == b["train/signal_rows"] == pytest.approx(signal)
+    for name, value in full_weights.items():
+        torch.testing.assert_close(skipped_weights[name], value, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("algorithm", "options"), [("m2po", {}), ("grpo", {"kl_coef": 0.1})])
+def test_losses_that_give_zero_advantage_rows_a_term_train_on_every_row(algorithm, options):
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    batch = _with_zero_groups(rollout(engine))
+    ref = copy.deepcopy(model) if "kl_coef" in options else None
+    rows_seen: list[int] = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    trainer = TrainerWorker(model, tok.pad_token_id, algorithm, options, ref_model=ref)
+    assert not trainer.skip_zero_advantage
+    trainer.step(batch)
+    assert rows_seen[-1] == len(batch)  # the response pass reads every row (the prompts' pass reads each once)
+
+
+def test_an_all_zero_advantage_batch_still_takes_its_optimiser_step():
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
+    batch = [Experience(e.prompt_ids, e.response_ids, e.logprobs, e.reward, e.policy_version, e.prompt_id, 0.0)
+             for e in rollout(engine)]  # fmt: skip
+    trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(lr=1e-2))
+    trainer.step(_with_zero_groups(rollout(engine)))  # momentum from a batch with signal
+    before = trainer.checksum()
+    metrics = trainer.step(batch)
+    assert metrics["train/signal_rows"] == 0.0 and metrics["loss/policy"] == 0.0
+    assert trainer.checksum() != before  # AdamW's momentum moved the weights, as without skipping
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_reading_each_prompt_once_gives_the_log_probs_and_gradients_of_a_pass_over_every_row(temperature):
+    model, tok = small_model()
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=8), seed=6)
+    batch = collate(rollout(engine), tok.pad_token_id)
+    assert len(set(map(tuple, batch.input_ids[:, : batch.prompt_width].tolist()))) == len(PROMPTS) < len(batch)
+    results = []
+    for shared in (True, False):
+        model.zero_grad()
+        logprobs = sequence_logprobs(model, batch, temperature, share_prompts=shared)
+        (logprobs * batch.response_mask).sum().backward()
+        results.append((logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (shared_lp, shared_grads), (full_lp, full_grads) = results
+    mask = batch.response_mask
+    torch.testing.assert_close(shared_lp[mask], full_lp[mask], atol=1e-5, rtol=1e-5)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4)
+
+
+def test_reading_each_prompt_once_matches_on_a_qwen2_model_too():
+    """The cache gather is the model's own (``batch_select_indices``): checked on a second
+    architecture, with prompts of several lengths (left padding) and ragged responses."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    prompts = [torch.randint(3, 64, (n,)) for n in (3, 7, 5)]
+    experiences = [
+        Experience(p, torch.randint(3, 64, (1 + (i + j) % 6,)), torch.zeros(1 + (i + j) % 6), 0.0, 0, i, 0.5)
+        for i, p in enumerate(prompts) for j in range(4)
+    ]  # fmt: skip
+    batch = collate(experiences, pad_token_id=0)
+    grads = []
+    for shared in (True, False):
+        model.zero_grad()
+        logprobs = sequence_logprobs(model, batch, 1.0, share_prompts=shared)
+        (logprobs * batch.response_mask).sum().backward()
+        grads.append((logprobs.detach()[batch.response_mask], [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
