@@ -73,10 +73,19 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 
 def write_baseline(path: Path, suite: str, figures: list[Figure], env: dict[str, Any]) -> None:
-    """Record ``figures`` for ``suite``; figures of cases not run this time are kept."""
+    """Record ``figures`` for ``suite``; figures of cases not run this time are kept, and
+    so is the environment they were measured on: a run of some cases records its own as
+    ``<case>_environment`` (a figure's case is its name's first part)."""
     data = load_baseline(path)
     entry = data.setdefault("suites", {}).setdefault(suite, {"figures": {}})
-    entry["environment"] = env
+    cases = {f.name.split(".")[0] for f in figures}
+    if "environment" in entry and any(name.split(".")[0] not in cases for name in entry["figures"]):
+        for case in sorted(cases):
+            entry[f"{case}_environment"] = env
+    else:  # every figure is this run's: one environment
+        entry["environment"] = env
+        for key in [k for k in entry if k.endswith("_environment")]:
+            del entry[key]
     entry["figures"].update(
         {f.name: {"median": f.median, "min": f.min, "max": f.max, "better": f.better} for f in figures}
     )

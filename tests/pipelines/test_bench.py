@@ -113,3 +113,18 @@ def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.data.tags["suite"] == "quick" and "torch" in run.data.params and run.info.status == "FINISHED"
     assert "bench/reward/speedup_vs_loop.B256_L1024" in run.data.metrics
+
+
+def test_a_baseline_update_of_some_cases_keeps_the_environment_of_the_others(tmp_path):
+    from pipelines.bench import write_baseline
+
+    path = tmp_path / "baseline.json"
+    write_baseline(path, "full", [fig("reward.speedup", 5.0), fig("step.speedup", 2.0)], {"machine": "xeon"})
+    write_baseline(path, "full", [fig("step.speedup", 3.0)], {"machine": "epyc"})
+    entry = json.loads(path.read_text())["suites"]["full"]
+    assert entry["environment"] == {"machine": "xeon"}  # reward's figure was measured there
+    assert entry["step_environment"] == {"machine": "epyc"}
+    assert entry["figures"]["step.speedup"]["median"] == 3.0 and entry["figures"]["reward.speedup"]["median"] == 5.0
+    write_baseline(path, "full", [fig("reward.speedup", 6.0), fig("step.speedup", 4.0)], {"machine": "amd"})
+    entry = json.loads(path.read_text())["suites"]["full"]
+    assert entry["environment"] == {"machine": "amd"} and "step_environment" not in entry  # every case rerun

@@ -62,9 +62,7 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     (run,) = runs(store)
     assert run.info.status == "FINISHED"
     params = run.data.params
-    assert (
-        params["trainer.steps"] == "6" and params["algorithm.name"] == "grpo" and params["orchestrator.mode"] == "async"
-    )
+    assert (params["trainer.steps"], params["algorithm.name"], params["orchestrator.mode"]) == ("6", "grpo", "lagged")
     # What differs is in the name; params are the knobs, bookkeeping is tags; the experiment
     # opens on its runs in MLflow 3's UI.
     assert run.info.run_name == "quickstart·steps=6·batch_size=64·eval_every=3·eval_size=20"
@@ -73,7 +71,7 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     assert run.data.tags["mlflow.note.content"].startswith("async GRPO on 2-digit addition")
     experiment = MlflowClient(store).get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert run.data.tags["mode"] == "async" and run.data.tags["algorithm"] == "grpo" and "spec_hash" in run.data.tags
+    assert run.data.tags["mode"] == "lagged" and run.data.tags["algorithm"] == "grpo" and "spec_hash" in run.data.tags
     client = MlflowClient(store)
     for key in ["reward/mean", "loss/policy", "policy/clip_frac", "staleness/max", "buffer/size", "time/step_s",
                 "perf/samples_per_s"]:  # fmt: skip

@@ -13,7 +13,10 @@ from pipelines.run import run_experiment
 from pipelines.spec import load_spec
 from tests.pipelines.conftest import REPO
 
-SPREAD = "+13.5 to +22.0 points, mean +17.7; seed 0 (this test): +18.5 / +17.0 / +15.0 (native / avx2 / default)"
+SPREAD = (
+    "+21.0 to +26.0 points, mean +24.5 (AMD EPYC, 2026-12-01); seed 0 (this test): +25.5 / +25.5 / +24.5 "
+    "(native AVX2 / avx2 / default)"
+)
 
 
 @pytest.mark.slow
@@ -26,6 +29,6 @@ def test_quickstart_lifts_held_out_accuracy(store):
     print(f"quickstart: held-out accuracy {start:.3f} -> {final:.3f} (measured spread: {SPREAD}), "
           f"tracking {tracking:.2%} of the run, staleness values {staleness}")  # fmt: skip
     assert start == 0.405  # the shipped checkpoint, identical everywhere
-    assert final - start >= 0.10  # 3.5 points below the worst cell
+    assert final - start >= 0.17  # 4 points below the worst cell of the 9, 7.5 below seed 0's worst
     assert tracking < 0.05
-    assert all(tau <= 1 for step in result.history.staleness for tau in step)
+    assert {tau for step in result.history.staleness[1:] for tau in step} == {1}  # lagged k = 1: exactly one version

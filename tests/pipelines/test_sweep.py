@@ -338,7 +338,7 @@ def test_the_staleness_study_sweeps_whole_algorithm_sections_and_has_a_quick_var
     quick, quick_base = load_sweep(study, quick=True)
     assert (full.name, full.seeds, full.num_trials) == ("staleness_study", [0, 1, 2], 20)
     assert (quick.name, quick.seeds, quick.num_trials) == ("staleness_study_quick", [0, 1, 2], 20)
-    assert quick_base["trainer"]["steps"] == 100 and base["trainer"]["steps"] == 600  # the quick start's
+    assert quick_base["trainer"]["steps"] == 100 and base["trainer"]["steps"] == 600  # addition.yaml's
     control, control_base = load_sweep(REPO / "experiments" / "staleness_control.yaml")
     assert (control.seeds, list(control.space["orchestrator.lag"])) == ([0, 1, 2], [0, 4, 16, 64])
     assert (control_base["trainer"]["lr"], control_base["trainer"]["mini_batches"]) == (3e-4, 1)
