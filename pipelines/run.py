@@ -272,6 +272,9 @@ def run_experiment(
 
     try:
         with contextlib.ExitStack() as stack:
+            # runtime.torch_threads is process-wide: give the caller its own back (a test
+            # or notebook running several experiments must not inherit one's threads)
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
             if spec.runtime.kind == "ray":
                 from asyncrlhf.distributed import ray_runtime
 
