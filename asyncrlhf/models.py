@@ -22,6 +22,7 @@ use, so on-policy ratios are exactly 1.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -315,8 +316,14 @@ def load_tokenizer(path: str | Path) -> Any:
 
 def cache_argument(model: Any) -> str:
     """The name of ``model.forward``'s KV-cache argument (and output): transformers 5
-    renamed ``past_key_values`` to ``cache``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    renamed ``past_key_values`` to ``cache``. Looked up once per model class (the
+    trainer asks on every pass)."""
+    return _cache_argument_of(type(model))
+
+
+@functools.cache
+def _cache_argument_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

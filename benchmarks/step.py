@@ -32,26 +32,22 @@ from benchmarks._timing import measure_interleaved
 PROMPTS, GROUP = 64, 8
 
 
-def _batch(engine: Any, task: Any, reward: Any, eos: int) -> list[Any]:
+def _batch(worker: Any, task: Any) -> list[Any]:
+    """One quick-start batch, rolled out and rewarded as a run does, with GRPO advantages."""
     from asyncrlhf.losses import group_advantages
-    from asyncrlhf.types import Experience, pad_rows
 
-    problems = list(itertools.islice(task.train_problems(), PROMPTS))
-    samples = engine.generate([p.prompt_ids for p in problems], GROUP)
-    ids = pad_rows([s.response_ids for s in samples], 0)
-    rewards = reward(ids, [problems[s.prompt_index].patterns for s in samples], eos)
-    advantages = group_advantages(rewards, GROUP)
-    return [
-        Experience(s.prompt_ids, s.response_ids, s.logprobs, float(r), 0, s.prompt_index, float(a))
-        for s, r, a in zip(samples, rewards, advantages, strict=True)
-    ]
+    experiences = worker.generate_batch(list(itertools.islice(task.train_problems(), PROMPTS)), "bench")
+    advantages = group_advantages(torch.tensor([e.reward for e in experiences]), GROUP)
+    for experience, advantage in zip(experiences, advantages.tolist(), strict=True):
+        experience.advantage = advantage
+    return experiences
 
 
 def run(repeats: int = 10, threads: int = 1) -> dict[str, Any]:
     """Median [min – max] times of both pairs and their ratios (old / new)."""
     from asyncrlhf.models import load_pretrained, shipped_policy
     from asyncrlhf.rewards import CompositeReward, RewardTerm
-    from asyncrlhf.rollout import HFEngine, Sampling
+    from asyncrlhf.rollout import HFEngine, RolloutWorker, Sampling
     from asyncrlhf.tasks.addition import AdditionTask
     from asyncrlhf.training import OptimConfig, TrainerWorker
 
@@ -59,7 +55,8 @@ def run(repeats: int = 10, threads: int = 1) -> dict[str, Any]:
     model, tok = load_pretrained(shipped_policy())
     task = AdditionTask(tok, digits=2, seed=0)
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, Sampling(max_new_tokens=5, temperature=0.7), seed=1)
-    batch = _batch(engine, task, CompositeReward([RewardTerm("exact_match", 1.0)]), tok.eos_token_id)
+    reward = CompositeReward([RewardTerm("exact_match", 1.0)])
+    batch = _batch(RolloutWorker(engine, reward, GROUP, tok.eos_token_id, tok.pad_token_id), task)
     prompts = [e.prompt_ids for e in batch[::GROUP]]
     per_row = [p for p in prompts for _ in range(GROUP)]
 

@@ -161,14 +161,10 @@ def aggregation_share(mask: torch.Tensor, rows: torch.Tensor, loss_agg: str) -> 
         [0.6, 0.5, 0.3333333333333333]
     """
     check_loss_agg(loss_agg, 1)
-    if loss_agg == "token-mean":
-        part, whole = mask[rows].sum(), mask.sum()
-    elif loss_agg == "seq-mean-token-mean":
-        has_tokens = mask.sum(dim=1) > 0
-        part, whole = has_tokens[rows].sum(), has_tokens.sum()
-    else:
-        part, whole = torch.tensor(float(rows.numel())), torch.tensor(float(mask.shape[0]))
-    return float(part) / max(float(whole), 1.0)
+    if loss_agg == "seq-mean-token-sum-norm":
+        return rows.numel() / max(mask.shape[0], 1)
+    weights = mask if loss_agg == "token-mean" else (mask.sum(dim=1) > 0).to(mask.dtype)  # tokens, or sequences
+    return float(weights[rows].sum()) / max(float(weights.sum()), 1.0)
 
 
 def clipped_surrogate(

@@ -88,12 +88,13 @@ def sequence_logprobs(
     and response of every row and materialises only the logits that predict response
     tokens (``logits_to_keep``).
     """
-    width, p = batch.response_ids.shape[1], batch.prompt_width
-    prompts, inverse = torch.unique(batch.input_ids[:, :p], dim=0, return_inverse=True)
-    if share_prompts and prompts.shape[0] < len(batch):
-        logits = _shared_prompt_logits(model, batch, inverse, prompts.shape[0])
-        if logits is not None:
-            return token_logprobs(logits, batch.response_ids, temperature)
+    width = batch.response_ids.shape[1]
+    if share_prompts:
+        prompts, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
+        if prompts.shape[0] < len(batch):
+            logits = _shared_prompt_logits(model, batch, inverse, prompts.shape[0])
+            if logits is not None:
+                return token_logprobs(logits, batch.response_ids, temperature)
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -256,15 +257,10 @@ class TrainerWorker:
         """One optimiser update on ``rows`` of the batch; None when skipped as non-finite."""
         sub, ref, prox = batch, ref_logprobs, prox_logprobs
         if rows is not None:
-            rows = rows.to(self.device)
-            sub = _select(batch, rows)
-            ref = None if ref_logprobs is None else ref_logprobs[rows]
-            prox = None if prox_logprobs is None else prox_logprobs[rows]
+            sub, ref, prox = _take(sub, ref, prox, rows.to(self.device))
         signal, share = self._signal_rows(sub)
         if signal is not None:
-            sub = _select(sub, signal)
-            ref = None if ref is None else ref[signal]
-            prox = None if prox is None else prox[signal]
+            sub, ref, prox = _take(sub, ref, prox, signal)
         logprobs = sequence_logprobs(self.model, sub, self.temperature, self.share_prompts)  # (b, R)
         loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
         loss = loss * share
@@ -353,6 +349,13 @@ class TrainerWorker:
         self._generator.set_state(rng["trainer"].cpu())
         if self.versions is not None:
             self.versions.restore(self.version)
+
+
+def _take(
+    batch: ExperienceBatch, ref: torch.Tensor | None, prox: torch.Tensor | None, rows: torch.Tensor
+) -> tuple[ExperienceBatch, torch.Tensor | None, torch.Tensor | None]:
+    """``rows`` of the batch and of the log-probs that go with it."""
+    return _select(batch, rows), None if ref is None else ref[rows], None if prox is None else prox[rows]
 
 
 def _select(batch: ExperienceBatch, rows: torch.Tensor) -> ExperienceBatch:
