@@ -46,6 +46,7 @@ __all__ = [
     "build_tiny_model",
     "cache_dir",
     "fit_answers",
+    "gather_cache_rows",
     "load_pretrained",
     "load_tokenizer",
     "pretrained_policy",
@@ -324,6 +325,45 @@ def cache_argument(model: Any) -> str:
 @functools.cache
 def _cache_argument_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def gather_cache_rows(cache: Any, index: torch.Tensor) -> bool:
+    """Replace a KV cache's batch rows by ``cache[index]``, differentiably; False when
+    the cache cannot gather (it is then unchanged).
+
+    transformers' own ``batch_select_indices`` gathers with advanced indexing, whose
+    backward (``index_put_`` with accumulate) adds into repeated rows with atomic float
+    adds across threads on the CPU: the sum's order, and so the gradient's last bits,
+    then depend on thread timing. A dynamic layer's keys and values are gathered here
+    with ``index_select`` instead, whose backward adds in index order (bit-reproducible
+    at any thread count); any other layer keeps its own method.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        if not hasattr(cache, "batch_select_indices"):
+            return False
+        cache.batch_select_indices(index)
+        return True
+    for layer in layers:
+        if _plain_dynamic_layer(layer):
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        else:
+            layer.batch_select_indices(index)
+    return True
+
+
+def _plain_dynamic_layer(layer: Any) -> bool:
+    """A layer whose whole batch state is its ``keys`` and ``values`` (transformers'
+    ``DynamicLayer`` itself, not a subclass that selects more)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return (
+        type(layer).batch_select_indices is DynamicLayer.batch_select_indices
+        and isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and isinstance(getattr(layer, "values", None), torch.Tensor)
+        and layer.keys.numel() > 0
+    )
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -5,18 +5,33 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["IDLE_PHASES", "RunHistory", "TimelineEvent", "bubble_fractions"]
+__all__ = ["IDLE_PHASES", "TIMING_METRICS", "RunHistory", "TimelineEvent", "bubble_fractions", "timing_dependent"]
 
 # Phases in which a worker waits rather than computes.
 IDLE_PHASES = frozenset({"wait"})
 
+# Metrics that measure timing rather than learning: throughput and durations, and the
+# buffer's backlog, which in the concurrent modes depends on how far the rollout side has
+# run ahead. Everything else is bit-reproducible in ``sync`` and ``lagged`` for a seed.
+TIMING_METRICS = ("perf/", "time/", "buffer/size")
+
+
+def timing_dependent(name: str) -> bool:
+    """Whether metric ``name`` measures timing (see :data:`TIMING_METRICS`)."""
+    return name.startswith(TIMING_METRICS)
+
 
 @dataclass(frozen=True, slots=True)
 class TimelineEvent:
+    """One phase of one worker: wall-clock ``start``/``end`` (``time.time()``), and the CPU
+    seconds of the thread that ran it (``cpu``, see :func:`asyncrlhf._clock.clock`; None
+    where not measured)."""
+
     worker: str
     phase: str
     start: float
     end: float
+    cpu: float | None = None
 
 
 def bubble_fractions(events: list[TimelineEvent], start: float, end: float) -> dict[str, float]:

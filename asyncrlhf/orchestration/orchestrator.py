@@ -259,5 +259,5 @@ class Orchestrator:
         # version; it is computed lazily by the worker that verifies the load.
         self.weights.publish(self.trainer.version, self.trainer.state_dict())
 
-    def _event(self, worker: str, phase: str, start: float, end: float) -> None:
-        self.recorder.event(worker, phase, start, end)
+    def _event(self, worker: str, phase: str, start: float, end: float, cpu: float | None = None) -> None:
+        self.recorder.event(worker, phase, start, end, cpu)

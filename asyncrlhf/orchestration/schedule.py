@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
+from asyncrlhf._clock import clock
 from asyncrlhf.buffers import GroupAwareReplayBuffer
 from asyncrlhf.orchestration.evaluate import EvalCallback, Evaluation, evaluate, greedy_engine
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
@@ -130,11 +131,16 @@ class Schedule:
 
 def train_on(trainer: Any, experiences: list[Experience], buffer: Any) -> tuple[dict[str, float], list[int]]:
     """One trainer step on ``experiences``; returns the step's metrics (the trainer's,
-    plus reward, staleness and ``buffer``'s state) and the staleness of every experience."""
+    plus reward, staleness and ``buffer``'s state) and the staleness of every experience.
+
+    The buffer is read once the step's batch has been taken and before training, so
+    ``buffer/size`` is the backlog the trainer left waiting: 0 in ``sync``; in the
+    concurrent modes it depends on how far rollout ran ahead (a timing figure).
+    """
     version = trainer.version
     staleness = [version - e.policy_version for e in experiences]
-    metrics = trainer.step(experiences)
     stats = buffer.stats()
+    metrics = trainer.step(experiences)
     # Versions count trainer steps; the M2PO paper's staleness s counts optimiser updates.
     updates_per_step = getattr(trainer, "ppo_epochs", 1) * getattr(trainer, "mini_batches", 1)
     metrics.update(
@@ -169,16 +175,18 @@ class StepRecorder:
         self._elapsed = 0.0  # run time before a restore
         self._events: list[TimelineEvent] = []
         self._lock = threading.Lock()
+        self._cpu0 = time.thread_time()
 
     def begin(self, keep_elapsed: bool = False) -> None:
         """Start the clock: throughput and bubbles are measured from here (after a
         restore, ``keep_elapsed`` continues the restored run's clock)."""
         now = time.time()
         self.t0, self._last = now - (self._elapsed if keep_elapsed else 0.0), now
+        self._cpu0 = time.thread_time()  # the loop's own thread, for time/loop_cpu_s
 
-    def event(self, worker: str, phase: str, start: float, end: float | None = None) -> None:
+    def event(self, worker: str, phase: str, start: float, end: float | None = None, cpu: float | None = None) -> None:
         with self._lock:
-            self._events.append(TimelineEvent(worker, phase, start, time.time() if end is None else end))
+            self._events.append(TimelineEvent(worker, phase, start, time.time() if end is None else end, cpu))
 
     def initial(self, evaluation: Evaluation) -> None:
         """The evaluation before any update: kept, and reported at once as step 0."""
@@ -217,7 +225,7 @@ class StepRecorder:
         """The record so far (for checkpoints): steps, staleness, events, counters, and
         the run time elapsed, so throughput continues across a resume."""
         with self._lock:
-            events = [(e.worker, e.phase, e.start, e.end) for e in self._events]
+            events = [(e.worker, e.phase, e.start, e.end, e.cpu) for e in self._events]
         history = self.history
         return {"steps": [dict(s) for s in history.steps], "staleness": [list(s) for s in history.staleness],
                 "initial_metrics": dict(history.initial_metrics), "events": events, "samples": self.samples,
@@ -249,6 +257,9 @@ class StepRecorder:
             "perf/samples_per_s": self.samples / (end - self.t0),
             "perf/gen_tokens_per_s": self.tokens / (end - self.t0),
             "time/total_s": end - self.t0,
+            # CPU seconds of the thread that ran the loop (begin to finish, this process):
+            # in sync mode with one torch thread, the whole run's work
+            "time/loop_cpu_s": time.thread_time() - self._cpu0,
             "weights/loads": float(sum(e.phase == "load_weights" for e in self.history.timeline)),
             **(extra or {}),
         }
@@ -293,9 +304,12 @@ class TrainerSide:
         self.eval_engine: Any = None  # a greedy engine sharing the trainer's model, built on first use
 
     def publish(self) -> None:
-        start = time.time()
+        start = clock()
         self._publish()
-        self._record("trainer", "publish", start, time.time())
+        self._phase("publish", start)
+
+    def _phase(self, phase: str, start: tuple[float, float]) -> None:
+        self._record("trainer", phase, start[0], time.time(), time.thread_time() - start[1])
 
     def evaluate(self) -> Evaluation:
         """Greedy responses of the live policy to the held-out problems."""
@@ -304,10 +318,10 @@ class TrainerSide:
         if self.eval_engine is None:
             model, max_new = self.trainer.model, self.max_new_tokens
             self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, max_new)
-        start = time.time()
+        start = clock()
         evaluation = evaluate(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id,
                               scorer=self.eval_scorer)  # fmt: skip
-        self._record("trainer", "eval", start, time.time())
+        self._phase("eval", start)
         return evaluation
 
     def step(
@@ -315,10 +329,10 @@ class TrainerSide:
     ) -> tuple[dict[str, float], list[int], int, Evaluation | None]:
         """Trainer step ``step`` (0-based) on ``groups``: ``(metrics, staleness, samples,
         evaluation)``, the evaluation None unless one was due."""
-        start = time.time()
+        start = clock()
         experiences = [e for group in groups for e in group]
         metrics, staleness = train_on(self.trainer, experiences, self.buffer)
-        self._record("trainer", "train", start, time.time())
+        self._phase("train", start)
         if self.schedule.publishes_after(self.trainer.version):
             self.publish()
         evaluation = self.evaluate() if self.schedule.evaluates_after(step) else None

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from asyncrlhf._checks import check_positive_int
+from asyncrlhf._clock import clock
 from asyncrlhf.rewards.registry import split_reward
 from asyncrlhf.rollout.base import RolloutEngine
 from asyncrlhf.tasks.base import Problem
@@ -25,7 +26,7 @@ from asyncrlhf.types import Experience, pad_rows
 __all__ = ["RolloutWorker"]
 
 # (worker, phase, start, end) in time.time() seconds
-EventSink = Callable[[str, str, float, float], None]
+EventSink = Callable[[str, str, float, float, float], None]
 
 
 class RolloutWorker:
@@ -38,7 +39,8 @@ class RolloutWorker:
         eos_token_id, pad_token_id: of the engine's tokenizer.
         verify_weights: check the engine's weight checksum after every load.
         name: the worker's name in the timeline.
-        on_event: receives (worker, phase, start, end) timeline events.
+        on_event: receives (worker, phase, start, end, cpu) timeline events (wall-clock
+            start and end, the phase's thread CPU seconds).
     """
 
     def __init__(
@@ -63,9 +65,9 @@ class RolloutWorker:
         self.generated_tokens = 0
         self.weight_loads = 0
 
-    def _event(self, phase: str, start: float) -> None:
+    def _event(self, phase: str, start: tuple[float, float]) -> None:
         if self.on_event is not None:
-            self.on_event(self.name, phase, start, time.time())
+            self.on_event(self.name, phase, start[0], time.time(), time.thread_time() - start[1])
 
     def load_snapshot(self, snapshot: Any) -> str:
         """Load a published snapshot (``.version``, ``.weights``, ``.checksum``) into the
@@ -73,7 +75,7 @@ class RolloutWorker:
 
         Returns the checksum the engine holds after the load.
         """
-        start = time.time()
+        start = clock()
         self.engine.load_weights(snapshot.weights, snapshot.version)
         held = self.engine.checksum() if self.verify_weights else snapshot.checksum
         if held != snapshot.checksum:
@@ -88,11 +90,11 @@ class RolloutWorker:
     def generate_batch(self, problems: list[Problem], key: str) -> list[Experience]:
         """One batch: ``group_size`` rewarded experiences for each problem; the group of
         problem i is keyed ``{key}:{i}`` (``key`` must be unique within the run)."""
-        start = time.time()
+        start = clock()
         samples = self.engine.generate([p.prompt_ids for p in problems], self.group_size)
         self._event("generate", start)
 
-        start = time.time()
+        start = clock()
         responses = [s.response_ids for s in samples]
         ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)
         answers = [problems[s.prompt_index].patterns_on(ids.device) for s in samples]

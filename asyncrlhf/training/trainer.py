@@ -20,7 +20,7 @@ import torch
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.losses import aggregation_share, policy_loss
-from asyncrlhf.models import cache_argument, token_logprobs, weights_checksum
+from asyncrlhf.models import cache_argument, gather_cache_rows, token_logprobs, weights_checksum
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
 __all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]
@@ -120,13 +120,14 @@ def _shared_prompt_logits(model: Any, batch: ExperienceBatch, inverse: torch.Ten
         logits_to_keep=1,
         use_cache=True,
     )
-    cache = getattr(out, arg)
-    if not hasattr(cache, "batch_select_indices"):
-        return None
-    last = out.logits[:, -1, :][inverse]  # (B, V): the prompt's last position predicts response token 0
+    # (B, V): the prompt's last position predicts response token 0. index_select, not
+    # [inverse]: its backward adds in order (see gather_cache_rows).
+    last = out.logits[:, -1, :].index_select(0, inverse)
     if width == 1:
         return last[:, None, :]
-    cache.batch_select_indices(inverse)  # (n, …) → (B, …), differentiable gather
+    cache = getattr(out, arg)
+    if not gather_cache_rows(cache, inverse):  # (n, …) → (B, …), differentiable
+        return None
     out = model(
         input_ids=batch.response_ids[:, :-1],
         attention_mask=batch.attention_mask[:, : p + width - 1],
