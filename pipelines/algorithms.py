@@ -53,6 +53,9 @@ class PPOSpec(_AlgorithmSpec):
     name: Literal["ppo"] = Field("ppo", description="Policy loss.")
     clip_eps: float = Field(_loss_default("ppo", "clip_eps"), gt=0, lt=1, description="Clip range ε.")
     clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher's upper ε (None: clip_eps).")
+    clip_ratio_c: float | None = Field(
+        None, gt=1, description="Dual clip: bound c > 1 on the objective of tokens with A < 0 (verl's clip_ratio_c)."
+    )
 
 
 class M2POSpec(_AlgorithmSpec):
@@ -69,11 +72,18 @@ class M2POSpec(_AlgorithmSpec):
     )
     m2_clip: bool = Field(False, description="batch mode: also apply the PPO clip with clip_eps (the paper does not).")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="Clip range ε when clipping (m2_clip, or mode 'token').")
-    min_clip_low: float = Field(
-        _loss_default("m2po", "min_clip_low"), ge=0, lt=1, description="trust_region: clip never tighter than 1 − this."
+    min_clip_low: float | None = Field(
+        _loss_default("m2po", "min_clip_low"),
+        ge=0,
+        lt=1,
+        description="trust_region: clip never tighter than 1 − this (null: no floor, as the authors' runs; "
+        "their code's function default is 0.3).",
     )
-    min_clip_high: float = Field(
-        _loss_default("m2po", "min_clip_high"), ge=0, description="trust_region: clip never tighter than 1 + this."
+    min_clip_high: float | None = Field(
+        _loss_default("m2po", "min_clip_high"),
+        ge=0,
+        description="trust_region: clip never tighter than 1 + this (null: no floor, as the authors' runs; "
+        "their code's function default is 0.5).",
     )
 
     def loss_options(self) -> dict[str, Any]:
@@ -91,6 +101,9 @@ class GRPOSpec(_AlgorithmSpec):
         _loss_default("grpo", "kl_coef"), ge=0, description="Weight of the k3 KL to the frozen initial policy."
     )
     clip_eps_high: float | None = Field(None, gt=0, lt=1, description="Clip-higher's upper ε (None: clip_eps).")
+    clip_ratio_c: float | None = Field(
+        None, gt=1, description="Dual clip: bound c > 1 on the objective of tokens with A < 0 (verl's clip_ratio_c)."
+    )
 
     @property
     def uses_reference(self) -> bool:
@@ -117,6 +130,9 @@ class DecoupledPPOSpec(_AlgorithmSpec):
     behav_cap: float | None = Field(None, gt=0, description="Cap on the behaviour weight π_prox/π_behav (None: none).")
     behav_cap_mode: Literal["truncate", "mask"] = Field(
         "truncate", description="'truncate': min(w, cap) (truncated IS); 'mask': drop tokens above the cap (AReaL)."
+    )
+    clip_ratio_c: float | None = Field(
+        None, gt=1, description="Dual clip: bound c > 1 on the objective of tokens with A < 0 (verl's clip_ratio_c)."
     )
 
 

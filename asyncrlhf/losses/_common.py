@@ -10,11 +10,36 @@ import torch
 
 from asyncrlhf._checks import check_float, check_rank, check_same_shape, check_tensor
 
-__all__ = ["LOSS_AGGS", "LossAgg", "PolicyInputs", "aggregate", "aggregation_share", "check_clip_eps", "check_loss_agg",
-           "clipped_surrogate", "masked_mean", "prepare_inputs", "ratio_metrics", "to_floats"]  # fmt: skip
+__all__ = [
+    "LOG_RATIO_BOUND",
+    "LOSS_AGGS",
+    "LossAgg",
+    "PolicyInputs",
+    "aggregate",
+    "aggregation_share",
+    "bounded_log_ratio",
+    "check_clip_eps",
+    "check_clip_ratio_c",
+    "check_loss_agg",
+    "clipped_surrogate",
+    "masked_mean",
+    "prepare_inputs",
+    "ratio_metrics",
+    "to_floats",
+]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# |log r| is bounded before exp() (as verl's compute_policy_loss bounds it): e^20 ≈ 5e8 is
+# far beyond any ratio a real batch trains on, so nothing changes there, while a runaway
+# token (behaviour log-prob −inf, a log-ratio of 100) gives a finite loss and gradient in
+# every objective. A bounded token carries no gradient through its ratio.
+LOG_RATIO_BOUND = 20.0
+
+
+def bounded_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``log_ratio`` clamped to ±:data:`LOG_RATIO_BOUND` (NaN-free for ±inf inputs)."""
+    return torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 @dataclass(slots=True)
@@ -60,8 +85,8 @@ def prepare_inputs(
         mask_f = mask.to(logprobs.dtype)
     old = old_logprobs.detach()
     # Zero the log-ratio on padding so garbage there can neither overflow exp() nor
-    # reach the gradient through 0 * inf = NaN.
-    log_ratio = torch.where(mask_f > 0, logprobs - old, torch.zeros_like(logprobs))
+    # reach the gradient through 0 * inf = NaN; bound it on valid tokens.
+    log_ratio = torch.where(mask_f > 0, bounded_log_ratio(logprobs - old), torch.zeros_like(logprobs))
     return PolicyInputs(logprobs, old, advantages, mask_f, log_ratio, torch.exp(log_ratio))
 
 
@@ -103,6 +128,15 @@ def check_clip_eps(clip_eps: float) -> float:
     if isinstance(clip_eps, bool) or not isinstance(clip_eps, int | float) or not 0.0 < clip_eps < 1.0:
         raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps!r}")
     return float(clip_eps)
+
+
+def check_clip_ratio_c(clip_ratio_c: float | None) -> float | None:
+    """Validate the dual clip's bound c > 1 (None: no dual clip)."""
+    if clip_ratio_c is None:
+        return None
+    if isinstance(clip_ratio_c, bool) or not isinstance(clip_ratio_c, int | float) or not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be a number > 1 (or None), got {clip_ratio_c!r}")
+    return float(clip_ratio_c)
 
 
 def check_loss_agg(loss_agg: str, norm_length: int | None) -> None:
@@ -168,9 +202,9 @@ def aggregation_share(mask: torch.Tensor, rows: torch.Tensor, loss_agg: str) -> 
 
 
 def clipped_surrogate(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float, clip_ratio_c: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``min(r·A, clip(r, low, high)·A)`` and where the clipped branch binds.
+    """Per-token ``min(r·A, clip(r, low, high)·A)`` and where a clip binds.
 
     The bound is decided on the log-ratio, and a token whose clip binds gets the
     constant ``bound·A`` without ever forming its ratio: a ratio that overflows
@@ -178,14 +212,22 @@ def clipped_surrogate(
     instead of ``0·inf = NaN``. ``low < 1 < high``; ``high = inf`` leaves the upper side
     unclipped.
 
+    ``clip_ratio_c`` (> 1) is the dual clip (Ye et al., 2020, arXiv:1912.09729; verl's
+    ``clip_ratio_c``): where A < 0 the PPO clip leaves r unbounded above, so a token the
+    policy now makes far likelier than the behaviour policy did can dominate the batch;
+    the dual clip bounds its objective below by ``c·A`` (no gradient there).
+
     Returns:
-        ``(objective, clipped)``, both (B, L); ``clipped`` is True where clipping lowered
-        the objective (the token gives no gradient).
+        ``(objective, clipped)``, both (B, L); ``clipped`` is True where a clip lowered
+        (or, the dual clip, raised) the objective: the token gives no gradient.
     """
     up = (advantages > 0) & (log_ratio > math.log(high))
     down = (advantages < 0) & (log_ratio < (math.log(low) if low > 0 else -math.inf))
-    clipped = up | down
+    dual = torch.zeros_like(up) if clip_ratio_c is None else (advantages < 0) & (log_ratio > math.log(clip_ratio_c))
+    clipped = up | down | dual
     ratio = torch.exp(torch.where(clipped, torch.zeros_like(log_ratio), log_ratio))
     bound = torch.where(advantages > 0, torch.full_like(ratio, high), torch.full_like(ratio, low))
+    if clip_ratio_c is not None:
+        bound = torch.where(dual, torch.full_like(ratio, clip_ratio_c), bound)
     objective = torch.where(clipped, bound * advantages, ratio * advantages)
     return objective, clipped

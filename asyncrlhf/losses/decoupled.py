@@ -24,7 +24,9 @@ import torch
 from asyncrlhf.losses._common import (
     LossAgg,
     aggregate,
+    bounded_log_ratio,
     check_clip_eps,
+    check_clip_ratio_c,
     check_loss_agg,
     clipped_surrogate,
     masked_mean,
@@ -50,6 +52,7 @@ def compute_decoupled_ppo_loss(
     behav_cap_mode: Literal["truncate", "mask"] = "truncate",
     loss_agg: LossAgg = "token-mean",
     norm_length: int | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO loss.
 
@@ -60,7 +63,8 @@ def compute_decoupled_ppo_loss(
         mask: bool/float Tensor[B, L] of valid tokens, or None.
         prox_logprobs: Tensor[B, L], the proximal policy's log-probs (the trainer
             recomputes them once per step); None: the behaviour policy (PPO).
-        clip_eps, clip_eps_high: the clip range of r = π_θ/π_prox.
+        clip_eps, clip_eps_high, clip_ratio_c: the clip range of r = π_θ/π_prox, and
+            the dual clip's bound c > 1 where A < 0 (None: off; see ``compute_ppo_loss``).
         behav_cap: cap C on the behaviour weight π_prox/π_behav (None: uncapped).
         behav_cap_mode: ``"truncate"`` (min(w, C)) or ``"mask"`` (drop tokens with w > C).
         loss_agg, norm_length: how per-token losses reduce (see
@@ -79,24 +83,32 @@ def compute_decoupled_ppo_loss(
         >>> loss.item(), m["behav_weight_mean"]
         (-2.0, 1.0)
     """
-    clip_eps = check_clip_eps(clip_eps)
-    high = clip_eps if clip_eps_high is None else check_clip_eps(clip_eps_high)
+    clip_eps, high, dual = _check_options(clip_eps, clip_eps_high, clip_ratio_c, behav_cap, behav_cap_mode)
     check_loss_agg(loss_agg, norm_length)
-    _check_cap(behav_cap, behav_cap_mode)
     inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
     prox = inputs.old_logprobs if prox_logprobs is None else prox_logprobs.detach()
     if prox.shape != logprobs.shape:
         raise ValueError(f"prox_logprobs has shape {tuple(prox.shape)}, logprobs {tuple(logprobs.shape)}")
     valid = inputs.mask > 0
     zeros = torch.zeros_like(logprobs)
-    objective, clipped = clipped_surrogate(
-        torch.where(valid, logprobs - prox, zeros), inputs.advantages, 1.0 - clip_eps, 1.0 + high
-    )
-    log_w, weight, capped = _behaviour_weight(prox - inputs.old_logprobs, valid, behav_cap, behav_cap_mode)
+    log_u = torch.where(valid, bounded_log_ratio(logprobs - prox), zeros)  # u = π_θ/π_prox
+    objective, clipped = clipped_surrogate(log_u, inputs.advantages, 1.0 - clip_eps, 1.0 + high, dual)
+    log_w = bounded_log_ratio(prox - inputs.old_logprobs)
+    log_w, weight, capped = _behaviour_weight(log_w, valid, behav_cap, behav_cap_mode)
     per_token = -(weight * objective)
     loss = aggregate(per_token, inputs.mask, loss_agg, norm_length)
     metrics = _metrics(inputs, clipped, log_w, weight, capped)
     return loss, to_floats(metrics)
+
+
+def _check_options(
+    clip_eps: float, clip_eps_high: float | None, clip_ratio_c: float | None, behav_cap: float | None, mode: str
+) -> tuple[float, float, float | None]:
+    """The checked ``(ε, ε_high, dual clip c)``; the behaviour cap checked too."""
+    _check_cap(behav_cap, mode)
+    clip_eps = check_clip_eps(clip_eps)
+    high = clip_eps if clip_eps_high is None else check_clip_eps(clip_eps_high)
+    return clip_eps, high, check_clip_ratio_c(clip_ratio_c)
 
 
 def _check_cap(behav_cap: float | None, behav_cap_mode: str) -> None:

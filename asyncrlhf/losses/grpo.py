@@ -18,7 +18,9 @@ from asyncrlhf._checks import check_float, check_positive_int, check_rank, check
 from asyncrlhf.losses._common import (
     LossAgg,
     aggregate,
+    bounded_log_ratio,
     check_clip_eps,
+    check_clip_ratio_c,
     check_loss_agg,
     clipped_surrogate,
     masked_mean,
@@ -86,6 +88,15 @@ def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool
     return [c / (std + eps) for c in centred]
 
 
+def _k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 KL to the reference, exp(q − p) − (q − p) − 1, 0 on padding: (B, L)."""
+    check_tensor("ref_logprobs", ref_logprobs)
+    check_float("ref_logprobs", ref_logprobs)
+    check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
+    delta = torch.where(mask > 0, bounded_log_ratio(ref_logprobs.detach() - logprobs), torch.zeros_like(logprobs))
+    return torch.exp(delta) - delta - 1.0
+
+
 @register_policy_loss("grpo", row_separable=True)
 def compute_grpo_loss(
     logprobs: torch.Tensor,
@@ -98,6 +109,7 @@ def compute_grpo_loss(
     loss_agg: LossAgg = "token-mean",
     norm_length: int | None = None,
     clip_eps_high: float | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO loss: clipped surrogate on per-sequence advantages, plus k3 KL.
 
@@ -116,6 +128,8 @@ def compute_grpo_loss(
         norm_length: the constant divisor of ``seq-mean-token-sum-norm``: the
             generation budget (``max_new_tokens``).
         clip_eps_high: clip-higher's own upper ε (None: ``clip_eps``).
+        clip_ratio_c: the dual clip's bound c > 1 on the objective of tokens with A < 0
+            (verl's ``clip_ratio_c``; None: off); see :func:`~asyncrlhf.losses._common.clipped_surrogate`.
 
     Returns:
         ``(loss, metrics)`` with ``clip_frac``, ratio statistics, ``m2``, ``approx_kl``
@@ -126,17 +140,14 @@ def compute_grpo_loss(
     check_loss_agg(loss_agg, norm_length)
     if isinstance(kl_coef, bool) or not isinstance(kl_coef, int | float) or kl_coef < 0:
         raise ValueError(f"kl_coef must be a non-negative number, got {kl_coef!r}")
+    dual = check_clip_ratio_c(clip_ratio_c)
     inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
-    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + high)
+    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + high, dual)
     per_token = -objective  # (B, L)
 
     kl = torch.zeros((), device=logprobs.device, dtype=logprobs.dtype)
     if ref_logprobs is not None:
-        check_tensor("ref_logprobs", ref_logprobs)
-        check_float("ref_logprobs", ref_logprobs)
-        check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
-        delta = torch.where(inputs.mask > 0, ref_logprobs.detach() - logprobs, torch.zeros_like(logprobs))
-        kl_per_token = torch.exp(delta) - delta - 1.0  # k3, (B, L)
+        kl_per_token = _k3_kl(logprobs, ref_logprobs, inputs.mask)
         kl = masked_mean(kl_per_token.detach(), inputs.mask)
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl_per_token

@@ -17,8 +17,11 @@ Three rules, chosen by ``mode``:
   trust-region tokens count, those a PPO clip could bind: A > 0 with r > 1, or A < 0
   with r < 1. If their mean (log r)² exceeds the budget τ, a cap τ* on |log r| is solved
   so that the capped mean meets it, and applied as an adaptive PPO clip
-  [e^−τ*, e^τ*], widened to at least [1 − 0.3, 1 + 0.5] (the code's ``miniclip``
-  floors); within budget nothing is clipped. Token-mean over all valid tokens.
+  [e^−τ*, e^τ*]; within budget nothing is clipped. Token-mean over all valid tokens.
+  This is the authors' run path: their ``compute_m2po_policy_loss`` has ``miniclip``
+  floors (0.3, 0.5) as function defaults, but their actor passes
+  ``config.get("miniclip_low", None)`` and no training script sets them, so the runs
+  behind the paper had none. ``min_clip_low``/``min_clip_high`` give the floors back.
 - ``"batch"``: the paper's Algorithm 1 as written (and AReaL's): drop the valid tokens
   with the largest (log r)², whatever the advantage's sign, until the mean over the kept
   ones is ≤ τ; optimise the unclipped r·A over the kept tokens.
@@ -26,7 +29,8 @@ Three rules, chosen by ``mode``:
   with r² < threshold and apply the PPO clip on top.
 
 A dropped or clipped token's ratio is never formed (its log-ratio is zeroed before
-``exp``), so an overflowing ratio gives a finite loss and gradient in every mode.
+``exp``), and every log-ratio is bounded (±20) first, so any finite current log-probs and
+any behaviour log-probs, −inf included, give a finite loss and gradient in every mode.
 """
 
 from __future__ import annotations
@@ -185,15 +189,15 @@ def trust_region_cap(
 
 
 def _trust_region(
-    inputs: Any, m2_threshold: float, min_clip_low: float, min_clip_high: float
+    inputs: Any, m2_threshold: float, min_clip_low: float | None, min_clip_high: float | None
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token objective and clip flags of ``mode="trust_region"``, and its metrics."""
     tau, m2, m2_after = trust_region_cap(inputs.log_ratio, inputs.advantages, inputs.mask, m2_threshold)
     if math.isinf(tau):
         low, high = 0.0, math.inf  # within budget: no clip
     else:
-        low = 1.0 - max(1.0 - math.exp(-tau), min_clip_low)
-        high = 1.0 + max(math.expm1(tau), min_clip_high)
+        low = 1.0 - max(1.0 - math.exp(-tau), min_clip_low or 0.0)
+        high = 1.0 + max(math.expm1(tau), min_clip_high or 0.0)
     objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, low, high)
     device, dtype = inputs.mask.device, inputs.mask.dtype
     stats = {"m2_trust_region": m2, "m2_kept": m2_after, "tau": tau if math.isfinite(tau) else -1.0,
@@ -210,8 +214,8 @@ def compute_m2po_loss(
     m2_threshold: float = 0.04,
     mode: Literal["trust_region", "batch", "token"] = "batch",
     clip_eps: float | None = None,
-    min_clip_low: float = 0.3,
-    min_clip_high: float = 0.5,
+    min_clip_low: float | None = None,
+    min_clip_high: float | None = None,
     loss_agg: LossAgg = "token-mean",
     norm_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -230,7 +234,9 @@ def compute_m2po_loss(
         clip_eps: ``batch``/``token``: optional PPO clip on top (``token`` defaults it
             to 0.2). ``trust_region`` sets its own clip.
         min_clip_low, min_clip_high: ``trust_region``: the clip is never tighter than
-            [1 − min_clip_low, 1 + min_clip_high] (the authors' ``miniclip`` floors).
+            [1 − min_clip_low, 1 + min_clip_high] (the ``miniclip`` floors: 0.3 and 0.5
+            are the function defaults in the authors' code, which their runs did not
+            use); None: no floor, as the authors ran it.
         loss_agg, norm_length: how per-token losses reduce (see
             :func:`~asyncrlhf.losses.aggregate`); over all valid tokens, dropped ones
             counting zero (``token`` mode: over the kept tokens).
@@ -260,14 +266,16 @@ def compute_m2po_loss(
 
 
 def _check_options(
-    mode: str, loss_agg: str, norm_length: int | None, min_clip_low: float, min_clip_high: float
+    mode: str, loss_agg: str, norm_length: int | None, min_clip_low: float | None, min_clip_high: float | None
 ) -> None:
     if mode not in ("trust_region", "batch", "token"):
         raise ValueError(f"mode must be 'trust_region', 'batch' or 'token', got {mode!r}")
     check_loss_agg(loss_agg, norm_length)
     for name, value, top in (("min_clip_low", min_clip_low, 1.0), ("min_clip_high", min_clip_high, math.inf)):
+        if value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < top:
-            raise ValueError(f"{name} must be a number in [0, {top:g}), got {value!r}")
+            raise ValueError(f"{name} must be a number in [0, {top:g}) or None, got {value!r}")
 
 
 def _masked(

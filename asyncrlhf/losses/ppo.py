@@ -13,6 +13,7 @@ from asyncrlhf.losses._common import (
     LossAgg,
     aggregate,
     check_clip_eps,
+    check_clip_ratio_c,
     check_loss_agg,
     clipped_surrogate,
     masked_mean,
@@ -35,6 +36,7 @@ def compute_ppo_loss(
     clip_eps_high: float | None = None,
     loss_agg: LossAgg = "token-mean",
     norm_length: int | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped PPO loss, by default the masked token mean over the batch.
 
@@ -48,6 +50,8 @@ def compute_ppo_loss(
             DAPO, arXiv:2503.14476); None: ``clip_eps``.
         loss_agg, norm_length: how per-token losses reduce (see
             :func:`~asyncrlhf.losses.aggregate`).
+        clip_ratio_c: the dual clip's bound c > 1 on the objective of tokens with A < 0
+            (verl's ``clip_ratio_c``; None: off); see :func:`~asyncrlhf.losses._common.clipped_surrogate`.
 
     Returns:
         ``(loss, metrics)`` with metrics ``clip_frac``, ``ratio_mean``, ``ratio_max``,
@@ -62,8 +66,9 @@ def compute_ppo_loss(
     clip_eps = check_clip_eps(clip_eps)
     high = clip_eps if clip_eps_high is None else check_clip_eps(clip_eps_high)
     check_loss_agg(loss_agg, norm_length)
+    dual = check_clip_ratio_c(clip_ratio_c)
     inputs = prepare_inputs(logprobs, old_logprobs, advantages, mask)
-    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + high)
+    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, 1.0 - clip_eps, 1.0 + high, dual)
     loss = aggregate(-objective, inputs.mask, loss_agg, norm_length)
     metrics = ratio_metrics(inputs)
     metrics["clip_frac"] = masked_mean(clipped.to(inputs.mask.dtype), inputs.mask)

@@ -7,13 +7,16 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from asyncrlhf.losses import (
     compute_decoupled_ppo_loss,
     compute_grpo_loss,
-    compute_gspo_loss,
     compute_m2po_loss,
     compute_ppo_loss,
+    policy_loss,
+    policy_losses,
     trust_region_cap,
 )
 
@@ -41,7 +44,7 @@ def _solve_tau(sorted_delta2: torch.Tensor, target_sum: float) -> tuple[float, f
     return 100000.0, total / n
 
 
-def _reference_loss(old_log_prob, log_prob, advantages, response_mask, budget, miniclip_low=0.3, miniclip_high=0.5):
+def _reference_loss(old_log_prob, log_prob, advantages, response_mask, budget, miniclip_low, miniclip_high):
     mask = response_mask.bool()
     delta = old_log_prob - log_prob.detach()
     ratio = torch.exp(-delta)
@@ -54,7 +57,10 @@ def _reference_loss(old_log_prob, log_prob, advantages, response_mask, budget, m
         tau, _ = _solve_tau(torch.sort(tr_delta_sq)[0], budget * float(n))
         clip_low, clip_high = math.exp(-tau), math.exp(tau)
     clip_low, clip_high = 1 - clip_low, clip_high - 1
-    clip_low, clip_high = max(clip_low, miniclip_low), max(clip_high, miniclip_high)
+    if miniclip_low is not None and clip_low < miniclip_low:
+        clip_low = miniclip_low
+    if miniclip_high is not None and clip_high < miniclip_high:
+        clip_high = miniclip_high
     ratio = torch.exp(log_prob - old_log_prob)
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
@@ -74,15 +80,31 @@ def stale_batch(sigma: float, seed: int, shape=(16, 12)):
 
 @pytest.mark.parametrize("sigma", [0.3, 0.5, 1.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_trust_region_matches_the_authors_code_in_value_and_gradient(sigma, seed):
+def test_trust_region_defaults_match_the_authors_run_path_in_value_and_gradient(sigma, seed):
+    """Their actor (verl/workers/actor/dp_actor.py) passes ``config.get("miniclip_low", None)``
+    and no training script sets it: the runs behind the paper had no floors."""
     logprobs, old, advantages, mask = stale_batch(sigma, seed)
     ours, metrics = compute_m2po_loss(logprobs, old, advantages, mask, m2_threshold=0.04, mode="trust_region")
     (grad,) = torch.autograd.grad(ours, logprobs)
-    reference = _reference_loss(old, logprobs, advantages, mask, 0.04)
+    reference = _reference_loss(old, logprobs, advantages, mask, 0.04, miniclip_low=None, miniclip_high=None)
     (grad_ref,) = torch.autograd.grad(reference, logprobs)
     assert ours.item() == pytest.approx(reference.item(), abs=1e-5)
     assert torch.allclose(grad, grad_ref, atol=1e-5)
     assert metrics["m2_trust_region"] > 0.04 and 0 < metrics["clip_frac"] < 1  # stale: the budget binds
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0])
+def test_the_floors_when_asked_match_the_authors_function_defaults(sigma):
+    logprobs, old, advantages, mask = stale_batch(sigma, 3)
+    ours, metrics = compute_m2po_loss(
+        logprobs, old, advantages, mask, mode="trust_region", min_clip_low=0.3, min_clip_high=0.5
+    )
+    reference = _reference_loss(old, logprobs, advantages, mask, 0.04, miniclip_low=0.3, miniclip_high=0.5)
+    (grad,), (grad_ref,) = torch.autograd.grad(ours, logprobs), torch.autograd.grad(reference, logprobs)
+    assert ours.item() == pytest.approx(reference.item(), abs=1e-5) and torch.allclose(grad, grad_ref, atol=1e-5)
+    assert metrics["clip_low"] == pytest.approx(0.7) and metrics["clip_high"] >= 1.5  # the floors bind here
+    unfloored, _ = compute_m2po_loss(logprobs, old, advantages, mask, mode="trust_region")
+    assert abs(unfloored.item() - ours.item()) > 1e-3  # and they change the loss: the default is not a no-op
 
 
 def test_the_cap_meets_the_budget_and_within_budget_nothing_is_clipped():
@@ -97,43 +119,79 @@ def test_the_cap_meets_the_budget_and_within_budget_nothing_is_clipped():
 
 
 # ----------------------------------------------------------------------------------------
-def _every_objective():
-    yield "ppo", lambda lp, old, adv, mask: compute_ppo_loss(lp, old, adv, mask)
-    yield "grpo", lambda lp, old, adv, mask: compute_grpo_loss(lp, old, adv, mask)
-    yield "gspo", lambda lp, old, adv, mask: compute_gspo_loss(lp, old, adv, mask)
-    yield (
-        "decoupled_ppo",
-        lambda lp, old, adv, mask: compute_decoupled_ppo_loss(
-            lp, old, adv, mask, prox_logprobs=lp.detach() * 0.5, behav_cap=5.0
-        ),
-    )
-    for mode, bound in (("trust_region", 0.04), ("batch", 0.04), ("token", 4.0)):
-        yield (
-            f"m2po-{mode}",
-            lambda lp, old, adv, mask, mode=mode, bound=bound: compute_m2po_loss(
-                lp, old, adv, mask, m2_threshold=bound, mode=mode
-            ),
-        )
-    yield "m2po-batch-clip", lambda lp, old, adv, mask: compute_m2po_loss(lp, old, adv, mask, clip_eps=0.2)
+# Finite everywhere: every registered objective, any finite current log-probs, any
+# behaviour log-probs (−inf included), log-ratios up to ±100 (r = e^100 overflows float32).
+_OPTIONS = {"m2po": [{"mode": "trust_region"}, {"mode": "batch"}, {"mode": "token", "m2_threshold": 4.0},
+                     {"mode": "batch", "clip_eps": 0.2}],
+            "decoupled_ppo": [{}, {"behav_cap": 5.0}, {"clip_ratio_c": 3.0}],
+            "ppo": [{}, {"clip_ratio_c": 3.0}], "grpo": [{}, {"clip_ratio_c": 3.0}]}  # fmt: skip
+_CASES = [(name, options) for name in policy_losses() for options in _OPTIONS.get(name, [{}])]
 
 
-@pytest.mark.parametrize(("name", "loss_fn"), list(_every_objective()), ids=[n for n, _ in _every_objective()])
+def _bound_loss(name, options):
+    loss = policy_loss(name, **options)
+    return lambda lp, old, adv, mask: loss(lp, old, adv, mask, ref_logprobs=lp.detach() - 1.0,
+                                           prox_logprobs=lp.detach() * 0.5)  # fmt: skip
+
+
+def test_every_registered_objective_is_covered():
+    assert {name for name, _ in _CASES} == set(policy_losses()) and len(policy_losses()) >= 5
+
+
+@pytest.mark.filterwarnings("ignore:m2po mode='token'")
+@pytest.mark.parametrize(("name", "options"), _CASES, ids=[f"{n}-{o}" for n, o in _CASES])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    old=st.lists(st.one_of(st.floats(-30.0, 0.0), st.just(-math.inf)), min_size=6, max_size=6),
+    shift=st.lists(st.floats(-100.0, 100.0), min_size=6, max_size=6),
+    advantages=st.lists(st.floats(-3.0, 3.0), min_size=2, max_size=2),
+)
+def test_any_log_ratio_gives_a_finite_loss_and_gradient(name, options, old, shift, advantages):
+    old_t = torch.tensor(old).view(2, 3)
+    logprobs = (torch.where(torch.isinf(old_t), -5.0, old_t) + torch.tensor(shift).view(2, 3)).requires_grad_()
+    loss, metrics = _bound_loss(name, options)(logprobs, old_t, torch.tensor(advantages), torch.ones(2, 3))
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    assert math.isfinite(loss.item()) and torch.isfinite(grad).all(), (loss, grad)
+    assert all(math.isfinite(v) for k, v in metrics.items() if k != "ratio_max"), metrics
+
+
+@pytest.mark.parametrize(("name", "options"), _CASES, ids=[f"{n}-{o}" for n, o in _CASES])
+@pytest.mark.filterwarnings("ignore:m2po mode='token'")
 @pytest.mark.parametrize(
     "case",
     [
-        (torch.tensor([[0.0, 0.05, 100.0]]), torch.zeros(1, 3)),  # r = e^100 overflows float32
-        (torch.tensor([[0.0, -0.1, -0.2]]), torch.tensor([[0.0, -0.1, float("-inf")]])),  # old = -inf, valid
+        (torch.tensor([[0.0, 0.05, 100.0]]), torch.zeros(1, 3), 1.0),  # r = e^100, A > 0
+        (torch.tensor([[0.0, 0.05, 100.0]]), torch.zeros(1, 3), -1.0),  # r = e^100, A < 0: harmful, PPO leaves it
+        (torch.tensor([[0.0, -0.1, -0.2]]), torch.tensor([[0.0, -0.1, float("-inf")]]), 1.0),  # old = -inf
     ],
-    ids=["overflowing-ratio", "old-logprob-minus-inf"],
+    ids=["overflowing-ratio", "overflowing-ratio-negative-advantage", "old-logprob-minus-inf"],
 )
-def test_an_overflowing_ratio_gives_a_finite_loss_and_gradient(name, loss_fn, case):
-    """``0·inf`` in ``-(objective * keep)`` made the loss NaN and the trainer skip the batch."""
-    logprobs, old = case[0].clone().requires_grad_(), case[1]
-    loss, _ = loss_fn(logprobs, old, torch.tensor([1.0]), torch.ones(1, 3))
+def test_a_runaway_token_gives_a_finite_loss_and_no_gradient(name, options, case):
+    """``compute_m2po_loss([[0, .05, 100]], 0, A=-1, mode="trust_region")`` was ``inf``: a
+    harmful-direction token is never clipped there, as in PPO. The bounded log-ratio
+    (±20, verl's bound) keeps it finite and gives the runaway token no gradient."""
+    logprobs, old, advantage = case[0].clone().requires_grad_(), case[1], case[2]
+    loss, _ = _bound_loss(name, options)(logprobs, old, torch.tensor([advantage]), torch.ones(1, 3))
     (grad,) = torch.autograd.grad(loss, logprobs)
     assert math.isfinite(loss.item()) and torch.isfinite(grad).all(), (loss, grad)
-    if name != "decoupled_ppo":  # its clip is around π_prox, which did not run away: the capped weight remains
-        assert grad[0, 2] == 0.0  # the runaway token is dropped or clipped: no gradient
+    if name not in ("decoupled_ppo", "gspo"):  # their ratios are around π_prox / the sequence mean
+        assert grad[0, 2] == 0.0
+
+
+def test_the_dual_clip_bounds_a_harmful_token_at_c_times_a():
+    log_ratio = torch.log(torch.tensor([[1.0, 10.0]]))  # r = 10, A < 0: the PPO clip does not bind
+    loss, _ = compute_ppo_loss(log_ratio, torch.zeros(1, 2), torch.tensor([-1.0]))
+    dual, metrics = compute_ppo_loss(log_ratio, torch.zeros(1, 2), torch.tensor([-1.0]), clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx((1.0 + 10.0) / 2) and dual.item() == pytest.approx((1.0 + 3.0) / 2)
+    assert metrics["clip_frac"] == 0.5
+    reference = torch.tensor([[1.0, 10.0]]).log().requires_grad_()  # verl's compute_policy_loss, transcribed
+    ratio, adv = torch.exp(reference), torch.tensor([[-1.0, -1.0]])
+    clip1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2))
+    verl = torch.where(adv < 0, torch.min(-adv * 3.0, clip1), clip1).mean()
+    assert dual.item() == pytest.approx(verl.item())
+    for fn in (compute_ppo_loss, compute_grpo_loss, compute_decoupled_ppo_loss):
+        with pytest.raises(ValueError, match="clip_ratio_c"):
+            fn(log_ratio, torch.zeros(1, 2), torch.tensor([-1.0]), clip_ratio_c=1.0)
 
 
 def test_clip_higher_bounds_each_side_on_its_own():
