@@ -361,7 +361,13 @@ def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, t
             checkpoint()  # the end too: a finished run can be continued
         # Per-step tracking cost as a share of the run (the < 5% budget); the one-off
         # cost of plots and artifacts at the end is reported separately.
-        extra = {"perf/tracking_frac": tracker.step_seconds / wall} if tracker else {}
+        extra = {}
+        if tracker:  # and as CPU time of the loop's thread, which a loaded machine does not inflate
+            loop_cpu = max(history.summary.get("time/loop_cpu_s", 0.0), 1e-9)
+            extra = {
+                "perf/tracking_frac": tracker.step_seconds / wall,
+                "perf/tracking_cpu_frac": tracker.step_cpu_seconds / loop_cpu,
+            }
         if store is not None:
             extra["perf/checkpoint_frac"] = store.seconds / wall
         if tracker:

@@ -155,6 +155,7 @@ class Tracker:
         self.heartbeat = Heartbeat(self.client)
         self.run_id: str | None = None
         self.step_seconds = 0.0  # time spent in per-step tracking (the on_metrics callback)
+        self.step_cpu_seconds = 0.0  # and the CPU time of the thread that spent it
         self.finish_seconds = 0.0  # time spent on final metrics, plots and artifacts
         self._pending: list[Any] = []
         self._steps_since_flush = 0
@@ -251,7 +252,7 @@ class Tracker:
 
         if step <= self._logged_until:
             return
-        begin = time.perf_counter()
+        begin, cpu = time.perf_counter(), time.thread_time()
         now = int(time.time() * 1000)
         self._pending.extend(
             Metric(key, float(value), now, step)
@@ -262,16 +263,18 @@ class Tracker:
         if step == 0 or self._steps_since_flush >= self.config.flush_every:
             self.flush()
         self.step_seconds += time.perf_counter() - begin
+        self.step_cpu_seconds += time.thread_time() - cpu
 
     def on_eval_rows(self, step: int, rows: dict[str, list[Any]]) -> None:
         """One evaluation's rows, appended to the run's ``eval/samples.json`` table."""
         if step <= self._table_until:
             return
-        begin = time.perf_counter()
+        begin, cpu = time.perf_counter(), time.thread_time()
         with warnings.catch_warnings():  # MLflow's own pandas 3 deprecation, nothing of ours
             warnings.filterwarnings("ignore", message=".*select_dtypes.*")
             self.client.log_table(self.run_id, data=rows, artifact_file=TABLE_FILE)
         self.step_seconds += time.perf_counter() - begin
+        self.step_cpu_seconds += time.thread_time() - cpu
 
     def flush(self) -> None:
         assert self.run_id is not None, "start() first"

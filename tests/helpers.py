@@ -18,3 +18,12 @@ def small_model(seed: int = 0):  # type: ignore[no-untyped-def]
 def even_first_token(generated_ids: torch.Tensor, answers: object, eos_token_id: int) -> torch.Tensor:
     """A dense tensor-native reward, so an untrained policy sees mixed rewards."""
     return (generated_ids[:, 0] % 2 == 0).float()
+
+
+def patience(seconds: float) -> float:
+    """A timeout for waiting on another process: ``seconds`` on an idle machine, scaled by
+    how many runnable threads share each core now (a loaded machine is slower, not
+    broken; a fixed 60 s expired at a load average of 5.8 on 2 cores)."""
+    import os
+
+    return seconds * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))

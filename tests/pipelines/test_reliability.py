@@ -22,6 +22,7 @@ from pipelines.run import run_experiment
 from pipelines.spec import load_spec
 from pipelines.specfile import SpecError
 from pipelines.store import HEARTBEAT_TAG, OWNER_TAG, STALE_AFTER_S, open_store, reconcile
+from tests.helpers import patience
 from tests.pipelines.conftest import REPO, env
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
@@ -65,7 +66,7 @@ def test_concurrent_first_use_of_a_new_store_initialises_it_once(tmp_path):
             "c.create_run(c.create_experiment(sys.argv[2]))")  # fmt: skip
     processes = [subprocess.Popen([sys.executable, "-c", code, uri, f"e{i}"], cwd=REPO, env=env(),
                                   stderr=subprocess.PIPE, text=True) for i in range(4)]  # fmt: skip
-    errors = [p.communicate(timeout=120)[1] for p in processes]
+    errors = [p.communicate(timeout=patience(120))[1] for p in processes]
     assert [p.returncode for p in processes] == [0] * 4, errors
     client = MlflowClient(uri)
     names = sorted(e.name for e in client.search_experiments())

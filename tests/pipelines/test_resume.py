@@ -14,6 +14,7 @@ import yaml
 from mlflow import MlflowClient
 
 from pipelines.checkpoints import Checkpoints
+from tests.helpers import patience
 from tests.pipelines.conftest import cli, env
 
 SPEC = {
@@ -80,7 +81,7 @@ def signal_after_checkpoint(run_id: str, process: subprocess.Popen, uri: str, si
         assert process.poll() is None, "the run ended before it could be interrupted"
         time.sleep(0.01)
     process.send_signal(sig)
-    process.wait(timeout=120)
+    process.wait(timeout=patience(120))
     return store.steps()
 
 
@@ -150,7 +151,7 @@ def test_sigterm_checkpoints_and_marks_the_run_killed_then_a_finished_run_contin
         assert process.poll() is None
         time.sleep(0.01)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=patience(120))
     assert process.returncode == 143, stderr[-2000:]
     run = MlflowClient(store).get_run(run_id)
     assert run.info.status == "KILLED" and run.data.tags["asyncrlhf.status"] == "killed"
@@ -215,7 +216,7 @@ def test_sigterm_to_a_ray_run_stops_it_like_ctrl_c(store, tmp_path):
         assert process.poll() is None, process.communicate()[1][-2000:]
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=patience(120))
     assert process.returncode == 143, stderr[-2000:]
     assert "SystemExit" not in stderr and "Fatal Python error" not in stderr and "SIGTERM" in stderr
     run = MlflowClient(store).get_run(run_id)

@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 from pipelines.specfile import SpecError
 from pipelines.sweeps import default_storage, load_sweep, run_sweep
 from pipelines.sweeps.spec import choice_label, choice_value
+from tests.helpers import patience
 from tests.pipelines.conftest import REPO, cli, env
 
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
@@ -73,7 +74,7 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
         assert first.poll() is None, first.communicate()[1][-3000:]
         time.sleep(0.1)
     first.send_signal(signal.SIGTERM)
-    _, stderr = first.communicate(timeout=120)
+    _, stderr = first.communicate(timeout=patience(120))
     assert first.returncode == 143 and "run the same command again to resume" in stderr, stderr[-3000:]
     parent, children = sweep_runs(store)
     assert parent.info.status == "KILLED" and "RUNNING" not in {c.info.status for c in children}, [
@@ -281,7 +282,7 @@ def test_an_interrupted_trial_continues_from_its_checkpoint_when_the_sweep_runs_
         assert process.poll() is None, process.communicate()[1][-2000:]
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=patience(120))
     assert process.returncode == 130, stderr[-2000:]
     _, (cut,) = sweep_runs(store)
     assert cut.info.status == "KILLED"

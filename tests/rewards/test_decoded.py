@@ -16,6 +16,7 @@ import torch
 from asyncrlhf.models import build_char_tokenizer
 from asyncrlhf.rewards import CompositeReward, DecodedReward, RewardTerm
 from asyncrlhf.rewards.verify import extract_answer, math_equal, math_score
+from tests.helpers import patience
 from tests.pipelines.conftest import REPO, env
 
 EOS = 2
@@ -96,6 +97,7 @@ answer = [torch.tensor(tok.encode("7", add_special_tokens=False))]
 reward(ids("#### 7"), answer, 2)  # the pool is up
 print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
 if sys.argv[1] == "hang":
+    print("scoring", flush=True)
     reward(ids("hang"), answer, 2)  # interrupted here
 """
 
@@ -114,14 +116,15 @@ def test_the_pool_ends_with_its_process_on_exit_and_on_ctrl_c(ending):
     children = json.loads(process.stdout.readline())
     assert len(children) >= 2  # the workers (and the fork server)
     if ending == "hang":
+        assert process.stdout.readline().strip() == "scoring"
         time.sleep(1.0)  # inside the hanging row
         process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=patience(60))
     # An uncaught KeyboardInterrupt ends Python by SIGINT (-2).
     assert process.returncode == (0 if ending == "exit" else -signal.SIGINT), stderr[-2000:]
     if ending == "hang":
         assert "KeyboardInterrupt" in stderr
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + patience(20)
     while (alive := [pid for pid in children if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive == []
