@@ -390,5 +390,5 @@ def weights_checksum(weights: Any) -> str:
         tensor = state[name].detach().to("cpu").contiguous()
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")  # the buffer itself, no copy
     return digest.hexdigest()

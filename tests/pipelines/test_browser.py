@@ -28,6 +28,7 @@ playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is no
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get install -y chromium (.ci/run does)")
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+QUICKSTART_DESCRIPTION = yaml.safe_load(QUICKSTART.read_text())["description"]
 TINY = ["trainer.steps=6", "trainer.batch_size=32", "orchestrator.eval_every=3", "task.eval_size=20",
         "runtime.torch_threads=1"]  # fmt: skip
 SHOTS = Path(os.environ.get("BROWSER_SHOTS", REPO / ".test-artifacts" / "browser"))
@@ -86,12 +87,12 @@ def test_the_ui_shows_runs_charts_plots_and_a_sweeps_children(store, tmp_path):
             # page opened from the table falls back to the GenAI layout until "Model
             # training" is chosen once (the README says so); the browser remembers it.
             run_link.click()
-            page.get_by_text("async GRPO on 2-digit addition, tiny Llama on the CPU").wait_for()
+            page.get_by_text(QUICKSTART_DESCRIPTION).wait_for()
             if page.get_by_text("Evaluation runs", exact=True).count():
                 page.get_by_text("Model training", exact=True).first.click(force=True)
                 page.goto(urls["quickstart"])
                 run_link.click()
-                page.get_by_text("async GRPO on 2-digit addition, tiny Llama on the CPU").wait_for()
+                page.get_by_text(QUICKSTART_DESCRIPTION).wait_for()
             assert page.get_by_text("Evaluation runs", exact=True).count() == 0
             page.get_by_role("tab", name="Model metrics").click()
             for section in ("eval", "reward", "staleness", "policy"):  # sections by metric prefix

@@ -68,7 +68,7 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     assert run.info.run_name == "quickstart·steps=6·batch_size=64·eval_every=3·eval_size=20"
     assert not {"name", "description", "tracking.experiment", "tracking.run_name"} & set(params)
     assert run.data.tags["spec.name"] == "quickstart"
-    assert run.data.tags["mlflow.note.content"].startswith("async GRPO on 2-digit addition")
+    assert run.data.tags["mlflow.note.content"].startswith("lagged GRPO (k = 1, rollout and training concurrent)")
     experiment = MlflowClient(store).get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.tags["mode"] == "lagged" and run.data.tags["algorithm"] == "grpo" and "spec_hash" in run.data.tags

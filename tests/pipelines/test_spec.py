@@ -193,11 +193,11 @@ def test_the_old_sync_every_key_still_reads_with_a_warning(tmp_path):
 def test_the_algorithm_section_is_one_model_per_algorithm(tmp_path):
     spec = spec_from_dict({"algorithm": {"clip_eps": 0.3}})  # no name: GRPO, the default
     assert spec.algorithm.name == "grpo" and spec.algorithm.loss_options() == {
-        "clip_eps": 0.3, "clip_eps_high": None, "kl_coef": 0.0, "loss_agg": "token-mean",
+        "clip_eps": 0.3, "clip_eps_high": None, "clip_ratio_c": None, "kl_coef": 0.0, "loss_agg": "token-mean",
     }  # fmt: skip
     m2po = spec_from_dict({"algorithm": {"name": "m2po", "m2_clip": True}}).algorithm
-    assert m2po.loss_options() == {"m2_threshold": 0.04, "mode": "batch", "clip_eps": 0.2, "min_clip_low": 0.3,
-                                   "min_clip_high": 0.5, "loss_agg": "token-mean"}  # fmt: skip
+    assert m2po.loss_options() == {"m2_threshold": 0.04, "mode": "batch", "clip_eps": 0.2, "min_clip_low": None,
+                                   "min_clip_high": None, "loss_agg": "token-mean"}  # fmt: skip
     with pytest.raises(SpecError, match=r"algorithm.m2_threshold: unknown key for algorithm 'grpo' \(value 0.1\)"):
         spec_from_dict({"algorithm": {"name": "grpo", "m2_threshold": 0.1}})
     with pytest.raises(SpecError, match="'sgd'"):
