@@ -15,6 +15,7 @@ policy version that generated it (so buffers and losses can reason about stalene
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -66,6 +67,16 @@ class Experience:
             )
         if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int):
             raise TypeError(f"policy_version must be an int, got {self.policy_version!r}")
+        # Checked here, so a buffer never counts an experience it then cannot hold, and no
+        # NaN reaches a group's advantages (the rollout worker counts such rows as errors).
+        if isinstance(self.reward, bool) or not isinstance(self.reward, int | float) or not math.isfinite(self.reward):
+            raise ValueError(f"reward must be a finite number, got {self.reward!r}")
+        try:
+            hash(self.prompt_id)
+        except TypeError:
+            raise TypeError(
+                f"prompt_id must be hashable (it keys the group), got {type(self.prompt_id).__name__}"
+            ) from None
 
     def state_dict(self) -> dict[str, Any]:
         """The experience as plain values and tensors (for checkpoints)."""

@@ -82,11 +82,16 @@ class ModelSpec(_Section):
 
 class RolloutSpec(_Section):
     engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: Hugging Face (anywhere) or vLLM (GPU).")
-    group_size: int = Field(8, ge=1, description="Completions per prompt (G); the GRPO group.")
+    group_size: int = Field(
+        8,
+        ge=2,
+        description="Completions per prompt (G); the group advantages are relative to it, so with one completion "
+        "they are all 0 and nothing trains.",
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer recomputes at it).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass; < 1 makes the behaviour policy differ.")
     max_new_tokens: int = Field(5, ge=1, description="Response length cap.")
-    workers: int = Field(1, ge=1, description="Rollout workers (more than one needs runtime.kind 'ray').")
+    workers: int = Field(1, ge=1, le=1024, description="Rollout workers (more than one needs runtime.kind 'ray').")
 
     def to_sampling(self) -> Any:
         """The engines' :class:`~asyncrlhf.rollout.Sampling`."""
@@ -199,7 +204,9 @@ class OrchestratorSpec(_Section):
     )
     lag: int | None = Field(None, ge=0, description="lagged: data of step v comes from version max(0, v − lag).")
     eval_every: int = Field(50, ge=0, description="Held-out greedy evaluation every this many steps (0: never).")
-    timeout_s: float = Field(600.0, gt=0, description="Longest any wait may last before the run fails.")
+    timeout_s: float = Field(
+        600.0, gt=0, le=604_800, description="Longest any wait may last before the run fails (at most a week)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -252,8 +259,10 @@ class TrackingSpec(_Section):
     uri: str | None = Field(
         None, description="MLflow tracking URI; null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow/mlflow.db."
     )
-    experiment: str = Field("asyncrlhf", min_length=1, description="MLflow experiment name.")
-    run_name: str | None = Field(None, description="MLflow run name (default: the spec's name).")
+    experiment: str = Field("asyncrlhf", min_length=1, max_length=250, description="MLflow experiment name.")
+    run_name: str | None = Field(
+        None, min_length=1, max_length=250, description="MLflow run name (default: the spec's name)."
+    )
     tags: dict[str, str] = Field(default_factory=dict, description="Extra MLflow tags.")
     flush_every: int = Field(10, ge=1, description="Send metrics to MLflow every this many steps (log_batch).")
     system_metrics: bool = Field(
@@ -267,7 +276,9 @@ class TrackingSpec(_Section):
 class ExperimentSpec(_Section):
     """A whole experiment: what to train, how, and where the results go."""
 
-    name: str = Field("experiment", min_length=1, description="Short name; the default MLflow run name.")
+    name: str = Field(
+        "experiment", min_length=1, max_length=250, description="Short name; the default MLflow run name."
+    )
     description: str = Field("", description="What this experiment is for.")
     seed: int = Field(0, ge=0, description="Seeds the task, the engine, the trainer and torch.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="The policy.")

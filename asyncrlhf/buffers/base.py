@@ -7,6 +7,7 @@ callable returning an int.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -89,15 +90,22 @@ class LockedBuffer:
             self._cond.notify_all()
 
     def _wait_and_take(self, n: int, timeout: float | None) -> list[Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Up to ``n`` units, waiting up to ``timeout`` seconds for them (None: no wait;
+        ``inf``: until they come or the buffer closes)."""
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):  # NaN fails >= too
+            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        forever = timeout is not None and math.isinf(timeout)
+        deadline = None if timeout is None or forever else time.monotonic() + timeout
         out: list[Any] = []
         with self._cond:
             while True:
                 self._take(out, n)
-                if len(out) >= n or deadline is None or self._closed:
+                if len(out) >= n or timeout is None or self._closed:
                     break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
                     break
                 held = self._units(out)
                 self._waiting += 1

@@ -20,7 +20,10 @@ class GroupAwareReplayBuffer(LockedBuffer):
     When a prompt's G-th experience arrives, the group's advantages are computed with
     :func:`~asyncrlhf.losses.group_advantages` and written to each experience's
     ``advantage``; the group then moves to the ready queue (at most ``max_groups``;
-    overflow drops the oldest ready group). Prompts may interleave freely.
+    overflow drops the oldest ready group). Prompts may interleave freely; at most
+    ``max_groups`` groups wait incomplete too (a prompt whose group never completes
+    would be held forever): a new prompt beyond that drops the oldest incomplete group,
+    counted in ``dropped_overflow``.
 
     With ``max_staleness`` (and a ``version`` source), stale experiences are refused at
     push, and a group is evicted whole — pending or ready — once its oldest member is
@@ -70,7 +73,13 @@ class GroupAwareReplayBuffer(LockedBuffer):
             if self._rule is not None and self._rule.too_stale(exp.policy_version, self._rule.current()):
                 self._evicted_stale += 1
                 return False
-            group = self._pending.setdefault(exp.prompt_id, [])
+            group = self._pending.get(exp.prompt_id)
+            if group is None:
+                if len(self._pending) >= self.max_groups:
+                    oldest = self._pending.pop(next(iter(self._pending)))
+                    self._pending_count -= len(oldest)
+                    self._dropped_overflow += len(oldest)
+                group = self._pending[exp.prompt_id] = []
             group.append(exp)
             self._pending_count += 1
             if len(group) == self.group_size:

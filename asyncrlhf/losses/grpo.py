@@ -80,12 +80,17 @@ def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool
         raise ValueError("rewards must not be empty")
     if max(rewards) == min(rewards):
         return [0.0] * n
-    mean = sum(rewards) / n
-    centred = [r - mean for r in rewards]
+    if not all(math.isfinite(r) for r in rewards):
+        raise ValueError(f"rewards must be finite, got {rewards!r}")
+    # In units of the largest |reward| (1 for 0/1 rewards: the same arithmetic), so that
+    # rewards near 1e308 neither overflow the mean and the std to inf nor, through them,
+    # turn every advantage into 0: (R − μ)/(σ + eps) = (R/t − μ/t)/(σ/t + eps/t).
+    top = max(abs(r) for r in rewards)
+    centred = [r / top - math.fsum(r / top for r in rewards) / n for r in rewards]
     if not scale:
-        return centred
+        return [c * top for c in centred]
     std = math.sqrt(sum(c * c for c in centred) / n)  # population std
-    return [c / (std + eps) for c in centred]
+    return [c / (std + eps / top) for c in centred]
 
 
 def _k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,11 @@ class RolloutWorker:
         ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)
         answers = [problems[s.prompt_index].patterns_on(ids.device) for s in samples]
         scores, flags = split_reward(self.reward_fn(ids, answers, self.eos_token_id))
+        # A non-finite score (NaN, ±inf) is an error of that row, counted as reward/nonfinite
+        # and scored 0: it must neither fail the run nor reach its group's advantages.
+        finite = torch.isfinite(scores)
+        scores = torch.where(finite, scores, torch.zeros_like(scores))
+        flags["nonfinite"] = (~finite).to(scores.dtype)
         rewards = scores.tolist()  # one transfer per batch
         rows = {name: values.tolist() for name, values in flags.items()}
         experiences = [

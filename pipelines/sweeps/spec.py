@@ -81,7 +81,12 @@ class SweepSpec(_Section):
     """Many experiments: a base experiment, a search space over its dotted fields, and
     how to search it (the full grid, or an Optuna study)."""
 
-    name: str = Field(min_length=1, description="Sweep name: the MLflow parent run and the Optuna study.")
+    name: str = Field(
+        min_length=1,
+        max_length=250,
+        pattern=r"^[^/\\]+$",
+        description="Sweep name: the MLflow parent run and the Optuna study (no '/' or '\\': it names files too).",
+    )
     description: str = Field("", description="What the sweep is for.")
     base: str | dict[str, Any] = Field(
         description="Base experiment: a YAML path (relative to the sweep file) or an inline mapping."

@@ -122,6 +122,11 @@ def test_bad_sweep_files_fail_before_anything_runs(store, tmp_path):
         load_sweep(write_sweep(tmp_path, method="grid", space={"trainer.lr": {"low": 1e-4, "high": 1e-3}}))
     with pytest.raises(SpecError, match="optuna sweeps need trials"):
         load_sweep(write_sweep(tmp_path, method="optuna", space={"trainer.lr": [1e-4]}))
+    for name in ("a/b", "x" * 251):  # a '/' gave an MlflowException traceback, as did a 5,000-character name
+        path = tmp_path / "named.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "base": QUICKSTART, "space": {"trainer.lr": [1e-4]}}))
+        with pytest.raises(SpecError, match="name: String should"):
+            load_sweep(path)
     assert not Path(store.removeprefix("sqlite:///")).exists()  # no run, no study
 
 
