@@ -101,19 +101,16 @@ def export(
     run_id: Annotated[str, typer.Argument(help="The MLflow run whose trained policy to copy out.", show_default=False)],
     out: Annotated[Path, typer.Option(help="New directory for the policy (Hugging Face layout).", show_default=False)],
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists and is not empty.")] = False,
 ) -> None:
     """Copy a run's trained policy out of the store: load it with `model.kind: pretrained`, `model.path: OUT`."""
-    from pipelines.tracking import open_store
+    from pipelines.export import ExportError, export_policy
 
-    if out.exists():
-        errors.print(f"[bold red]error:[/] --out {out} exists: give a new directory")
-        raise typer.Exit(2)
     try:
-        path = open_store(uri).download_artifacts(run_id, "policy", str(out.parent))
-    except Exception as err:
-        errors.print(f"[bold red]error:[/] run {run_id!r} has no policy to export ({type(err).__name__})")
+        export_policy(run_id, out, uri, overwrite)
+    except ExportError as err:
+        errors.print(f"[bold red]error:[/] {err}")
         raise typer.Exit(2) from None
-    Path(path).rename(out)
     console.print(f"[green]exported[/] the policy of run {run_id} to {out}")
 
 

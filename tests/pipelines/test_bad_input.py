@@ -43,6 +43,7 @@ def setup_files(folder: Path) -> None:
     sweep = {"name": "busy", "base": "quickstart.yaml", "space": {"trainer.lr": [1e-4, 3e-4]}}
     (folder / "busy.yaml").write_text(yaml.safe_dump(sweep))
     (folder / "taken").mkdir()
+    (folder / "taken" / "notes.txt").write_text("mine")  # export refuses a non-empty target
     (folder / "missing.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n{"question": "2+2="}\n')
     (folder / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "2"}\n'.encode("latin-1"))
     (folder / "empty.jsonl").write_text("")
