@@ -371,9 +371,12 @@ def ui(
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
 ) -> None:
     """Serve the MLflow UI for the local store (runs whose process died are marked KILLED first)."""
-    from pipelines.processes import serve
+    from pipelines.processes import port_in_use, serve
     from pipelines.tracking import open_store, resolve_tracking_uri, tag_experiments
 
+    if port_in_use(host, port):  # before any link is printed: the server would fail, and exit 0
+        errors.print(f"[bold red]error:[/] --port {port} on {host} is in use: choose another with --port")
+        raise typer.Exit(2)
     store = resolve_tracking_uri(uri)
     client = open_store(store)  # initialised and reconciled before the server reads it
     experiments = tag_experiments(client)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -58,9 +59,21 @@ def exit_code(received: list[str]) -> int:
     return 143 if "SIGTERM" in received else 130
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether ``host:port`` cannot be bound now (another server holds it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def serve(command: list[str]) -> int:
-    """Run the server in its own process group until it exits, or until SIGTERM or Ctrl-C
-    here, which end the whole group (the server and its workers): 143 and 0."""
+    """Run the server in its own process group until it exits, or until a signal that
+    ends a program here (SIGTERM, SIGINT, SIGHUP when the terminal goes, SIGQUIT), which
+    ends the whole group, the server and its workers: 0 after Ctrl-C, else 128 + the
+    signal's number (143 after SIGTERM, 129 after SIGHUP)."""
     server = subprocess.Popen(command, env=os.environ.copy(), start_new_session=True)
     stopped: list[int] = []
 
@@ -69,7 +82,7 @@ def serve(command: list[str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
         try:
             code = server.wait(timeout=None)
@@ -83,7 +96,7 @@ def serve(command: list[str]) -> int:
             signal.signal(sig, handler)
     if not stopped:
         return code
-    return 143 if stopped[0] == signal.SIGTERM else 0
+    return 0 if stopped[0] == signal.SIGINT else 128 + stopped[0]
 
 
 def end_group(pgid: int, grace_s: float = 10.0) -> None:

@@ -15,6 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.store import OWNER_TAG
+from tests.helpers import patience
 from tests.pipelines.conftest import cli, env
 
 
@@ -103,3 +104,42 @@ def test_ui_serves_the_reconciled_store_on_localhost_and_ends_with_its_workers_o
         with contextlib.suppress(ProcessLookupError):
             os.killpg(ui.pid, signal.SIGKILL)
         ui.wait()
+
+
+def test_ui_ends_its_server_on_sighup_too(store):
+    """SIGHUP (the terminal closed) ended `asyncrlhf ui` and left its 15 server processes
+    listening; every ending signal now ends the server's whole process group."""
+    port = free_port()
+    ui = subprocess.Popen([*cli(), "ui", "--port", str(port), "--uri", store], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.STDOUT, env=env(), start_new_session=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        deadline = time.monotonic() + patience(90)
+        while True:
+            try:
+                get_json(f"{base}/experiments/search?max_results=1")
+                break
+            except OSError:
+                assert ui.poll() is None and time.monotonic() < deadline, "the UI server did not come up"
+                time.sleep(0.5)
+        server = descendants(ui.pid)
+        ui.send_signal(signal.SIGHUP)
+        assert ui.wait(timeout=patience(30)) == 128 + signal.SIGHUP
+        with pytest.raises(OSError):
+            get_json(f"{base}/experiments/search?max_results=1")
+        assert server and not server & set(live_processes())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGKILL)
+
+
+def test_ui_on_a_busy_port_says_so_and_exits_2(store):
+    """It printed its links and exited 0, leaving the user on someone else's server."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*cli(), "ui", "--port", str(port), "--uri", store], capture_output=True, text=True,
+                              env=env(), timeout=patience(60))  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"--port {port} on 127.0.0.1 is in use" in done.stderr and "http://" not in done.stdout
