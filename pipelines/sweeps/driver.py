@@ -231,6 +231,8 @@ class _Driver:
     def _ask(self) -> _Config | None:
         from optuna.trial import TrialState
 
+        if self.sweep.method == "grid":
+            studies.enqueue_grid_point(self.sweep, self.study)
         trial = self.study.ask()
         params = {key: studies.suggest(trial, key, values) for key, values in self.sweep.space.items()}
         self.started += 1
