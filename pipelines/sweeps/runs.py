@@ -129,6 +129,8 @@ def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
         try:
             client.update_run(run_id, status="RUNNING")
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in owner_tags().items()], synchronous=True)
+            if "error" in client.get_run(run_id).data.tags:  # why it stopped last time: no longer true
+                client.delete_tag(run_id, "error")
             return run_id
         except Exception:  # the parent lives in another store: start a new one
             pass

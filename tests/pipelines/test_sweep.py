@@ -501,3 +501,17 @@ def test_a_million_point_grid_starts_its_first_trials_at_once(tmp_path):
     reopened = make_study(sweep, {}, storage)  # a resumed sweep continues where it was
     enqueue_grid_point(sweep, reopened)
     assert reopened.ask().params == {} and reopened.user_attrs["grid_next"] == 4
+
+
+def test_a_reopened_parent_run_drops_the_error_of_its_last_stop(store, tmp_path):
+    """A resumed sweep's FINISHED parent kept the ``error`` tag of the stop before."""
+    from pipelines.store import end_run
+    from pipelines.sweeps.runs import parent_run
+
+    sweep, _ = load_sweep(write_sweep(tmp_path, name="reopened", method="grid", space={"orchestrator.lag": [0, 1]}))
+    study, client = optuna.create_study(), MlflowClient(store)
+    first = parent_run(client, sweep, study, "memory")
+    end_run(client, first, "KILLED", "killed", {"error": "reconciled: its process is gone"})
+    assert parent_run(client, sweep, study, "memory") == first
+    run = client.get_run(first)
+    assert run.info.status == "RUNNING" and "error" not in run.data.tags
