@@ -78,6 +78,15 @@ class Checkpoints:
         self.seconds += time.perf_counter() - begin
         return final
 
+    def latest_manifest(self) -> dict[str, Any] | None:
+        """The newest checkpoint's manifest (step, spec hash, checksums), without loading
+        its state; None when there is none or it cannot be read."""
+        steps = self.steps()
+        try:
+            return json.loads((self.folder / f"step-{steps[-1]:06d}" / "manifest.json").read_text()) if steps else None
+        except (OSError, ValueError):
+            return None
+
     def load_latest(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state, manifest)`` of the newest checkpoint that verifies; an older one,
         with a warning, when the newest is damaged.

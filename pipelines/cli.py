@@ -8,7 +8,7 @@ import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ errors = Console(stderr=True, width=None if Console(stderr=True).is_terminal els
 
 SpecArg = Annotated[Path, typer.Argument(help="Experiment YAML file.", show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable).")]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Resume even if the spec is not the one the checkpoint was written with.")
+]
 
 
 def _load(spec_path: Path | None, overrides: list[str] | None) -> ExperimentSpec:
@@ -34,8 +37,13 @@ def _load(spec_path: Path | None, overrides: list[str] | None) -> ExperimentSpec
             return spec_from_dict(apply_overrides({}, overrides or []), source="--set")
         return load_spec(spec_path, overrides or [])
     except SpecError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(err)
+
+
+def _fail(message: object) -> NoReturn:
+    """Bad input: one line on stderr naming it, exit 2."""
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from None
 
 
 @app.command()
@@ -65,6 +73,7 @@ def run(
     resume: Annotated[
         str | None, typer.Option(help="Continue this MLflow run from its last checkpoint (same spec but for steps).")
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Run an experiment and log it to MLflow (or continue a stopped run: --resume RUN_ID)."""
     experiment = _load(spec, set_)
@@ -73,7 +82,7 @@ def run(
         changes = {key: values.get(key, raw) for key, _, raw in (o.partition("=") for o in set_)}
         tracking = experiment.tracking.model_copy(update={"run_name": run_name_for(experiment.name, changes)})
         experiment = experiment.model_copy(update={"tracking": tracking})
-    _run(experiment, str(spec), resume)
+    _run(experiment, str(spec), resume, force)
 
 
 @app.command()
@@ -81,6 +90,7 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="The MLflow run to continue.", show_default=False)],
     set_: SetOpt = None,
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Continue a stopped (or, with a raised trainer.steps, a finished) run from its last checkpoint."""
     from pipelines.tracking import open_store, read_run
@@ -91,9 +101,8 @@ def resume(
             data.setdefault("tracking", {})["uri"] = uri
         experiment = spec_from_dict(apply_overrides(data, set_ or []), source=f"run {run_id}")
     except (LookupError, SpecError) as err:
-        errors.print(f"[bold red]error:[/] resume: {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    _run(experiment, f"run {run_id}", run_id)
+        _fail(f"resume: {err}")
+    _run(experiment, f"run {run_id}", run_id, force)
 
 
 @app.command()
@@ -109,12 +118,11 @@ def export(
     try:
         export_policy(run_id, out, uri, overwrite)
     except ExportError as err:
-        errors.print(f"[bold red]error:[/] {err}")
-        raise typer.Exit(2) from None
+        _fail(err)
     console.print(f"[green]exported[/] the policy of run {run_id} to {out}")
 
 
-def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None:
+def _run(experiment: ExperimentSpec, source: str, resume_id: str | None, force: bool = False) -> None:
     from pipelines.checkpoints import CheckpointError
     from pipelines.fit import check_fits
     from pipelines.processes import InterruptedBeforeRun, RunInterrupted, exit_code, sigterm_interrupts
@@ -123,10 +131,9 @@ def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None
     try:  # before anything is shown or built
         check_fits(experiment)
         if resume_id is not None:
-            check_resume(experiment, resume_id)
+            check_resume(experiment, resume_id, force)
     except SpecError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(err)
 
     steps = experiment.trainer.steps
     latest: dict[str, float] = {}
@@ -150,10 +157,9 @@ def _run(experiment: ExperimentSpec, source: str, resume_id: str | None) -> None
         task = progress.add_task(f"{label} (building the model)", total=steps, status="")
         try:
             with sigterm_interrupts() as received:  # SIGTERM as Ctrl-C; while training, a stop at the step's end
-                result = run_experiment(experiment, on_metrics=on_metrics, resume=resume_id)
+                result = run_experiment(experiment, on_metrics=on_metrics, resume=resume_id, force_resume=force)
         except (SpecError, CheckpointError) as err:  # refused before any run was created or reopened
-            errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            _fail(err)
         except InterruptedBeforeRun as err:
             errors.print(f"[yellow]interrupted[/] ({received[0] if received else 'SIGINT'}) {err}")
             raise typer.Exit(exit_code(received)) from None
@@ -224,8 +230,7 @@ def warmstart(
     try:
         manifest = write_start_checkpoint(experiment, out)
     except ValueError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(err)
     evaluation = manifest["eval"]
     console.print(
         f"[green]wrote[/] {out}: {manifest['warm_start']['steps']} warm-start steps, final loss "
@@ -258,11 +263,9 @@ def sweep(
     try:
         spec, base = load_sweep(sweep_file, set_ or [], quick=quick)
     except SpecError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(err)
     if max_trials is not None and max_trials < 1:
-        errors.print(f"[bold red]error:[/] --max-trials must be ≥ 1, got {max_trials}")
-        raise typer.Exit(2)
+        _fail(f"--max-trials must be ≥ 1, got {max_trials}")
     seeds = f" × {len(spec.seeds)} seeds" if spec.seeds else ""
     console.print(
         f"[bold]{spec.name}[/]: {spec.method}, {spec.num_trials} trials{seeds}, {spec.parallel} runs in parallel — "
@@ -278,8 +281,7 @@ def sweep(
         with sigterm_interrupts() as received:  # the driver lock is taken before Ray starts: a second copy refuses
             result = run_sweep(spec, base, max_trials=max_trials, on_trial=on_trial)
     except SpecError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(err)
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]: run the same command again to resume")
         raise typer.Exit(exit_code(received)) from None
@@ -326,16 +328,14 @@ def bench(
     from pipelines.benchlog import load_average
 
     if not 0 <= tolerance < 1:
-        errors.print(f"[bold red]error:[/] --tolerance must be in [0, 1), got {tolerance}")
-        raise typer.Exit(2)
+        _fail(f"--tolerance must be in [0, 1), got {tolerance}")
     console.print(f"[bold]asyncrlhf bench[/] — suite {suite}")
     try:
         suite_baseline = load_baseline(baseline).get("suites", {}).get(suite, {})
         load = load_average()  # before the suite loads the machine itself
         figures = run_suite(suite, case, log=console.print)
     except ValueError as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False)
-        raise typer.Exit(2) from None
+        _fail(err)
     env = environment()
     comparisons = compare(figures, suite_baseline.get("figures", {}), tolerance)
     against = baseline.name if suite_baseline else "no baseline"
@@ -375,8 +375,7 @@ def ui(
     from pipelines.tracking import open_store, resolve_tracking_uri, tag_experiments
 
     if port_in_use(host, port):  # before any link is printed: the server would fail, and exit 0
-        errors.print(f"[bold red]error:[/] --port {port} on {host} is in use: choose another with --port")
-        raise typer.Exit(2)
+        _fail(f"--port {port} on {host} is in use: choose another with --port")
     store = resolve_tracking_uri(uri)
     client = open_store(store)  # initialised and reconciled before the server reads it
     experiments = tag_experiments(client)

@@ -7,6 +7,7 @@ import copy
 import functools
 import random
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,9 +202,12 @@ def resume_key(spec: ExperimentSpec) -> str:
     return spec_hash(spec.model_copy(update={"trainer": trainer, "tracking": TrackingSpec()}))
 
 
-def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
+def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Checkpoints:
     """The checkpoints of ``run_id`` if ``spec`` may continue it; else a SpecError naming
-    why (unknown run, another experiment, a changed spec, nothing left to run)."""
+    why (unknown run, another experiment, a changed spec, nothing left to run). The spec
+    is also checked against the one its newest checkpoint was written with (its hash in
+    the manifest), so an edited ``spec.yaml`` is not trusted; ``force`` resumes anyway,
+    warning with the difference."""
     from pipelines.tracking import open_store, read_run, resolve_tracking_uri
 
     uri = resolve_tracking_uri(spec.tracking.uri)
@@ -228,6 +232,16 @@ def check_resume(spec: ExperimentSpec, run_id: str) -> Checkpoints:
         what = "finished" if run.info.status == "FINISHED" else "is checkpointed at"
         raise SpecError(f"--resume {run_id}: the run {what} step {steps[-1]} and trainer.steps={spec.trainer.steps}:"
                         f" raise it (--set trainer.steps={2 * steps[-1]}) to continue")  # fmt: skip
+    manifest = store.latest_manifest()
+    if manifest is not None and manifest.get("spec_hash") != resume_key(spec):
+        logged = run.data.params  # the spec as the run started, flattened
+        differing = [f"{k} ({logged[k]} → {v})" for k, v in sorted(now.items()) if k in logged and logged[k] != v
+                     and k != "trainer.steps" and not k.startswith("tracking.")]  # fmt: skip
+        message = (f"--resume {run_id}: the spec is not the one its checkpoint of step {steps[-1]} was written with "
+                   f"(was its spec.yaml edited?){': ' + ', '.join(differing) if differing else ''}")  # fmt: skip
+        if not force:
+            raise SpecError(f"{message}; --force resumes it anyway")
+        warnings.warn(f"{message}; resuming anyway (--force)", stacklevel=2)
     return store
 
 
@@ -250,6 +264,7 @@ def run_experiment(
     checkpoint_dir: str | Path | None = None,
     restore: bool = False,
     on_table: Callable[[int, dict[str, list[Any]]], None] | None = None,
+    force_resume: bool = False,
 ) -> RunResult:
     """Build, run and track one experiment; or continue run ``resume`` from its last
     checkpoint (same spec but for ``trainer.steps``). ``on_metrics`` and ``on_table``
@@ -266,7 +281,7 @@ def run_experiment(
     if resume is not None and not track:
         raise ValueError("resume needs tracking (the run to continue is an MLflow run)")
     check_fits(spec)  # sizes that cannot fit are refused before anything starts
-    store = check_resume(spec, resume) if resume is not None else None
+    store = check_resume(spec, resume, force_resume) if resume is not None else None
     tracker = Tracker(spec.tracking) if track else None
     fan_out = _fan(tracker.on_metrics if tracker else None, on_metrics)
 

@@ -132,7 +132,12 @@ def read_run(client: Any, run_id: str) -> tuple[Any, dict[str, Any], str]:
             path = client.download_artifacts(run_id, "spec.yaml", tmp)
         except Exception:
             raise LookupError(f"run {run_id!r} has no spec.yaml: not an asyncrlhf run") from None
-        spec = yaml.safe_load(Path(path).read_text())
+        try:
+            spec = yaml.safe_load(Path(path).read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise LookupError(f"run {run_id!r}: its spec.yaml cannot be read ({type(err).__name__})") from None
+    if not isinstance(spec, dict):
+        raise LookupError(f"run {run_id!r}: its spec.yaml is not a spec (a mapping), got {type(spec).__name__}")
     experiment = client.get_experiment(run.info.experiment_id).name
     return run, spec, experiment
 

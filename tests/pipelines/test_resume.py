@@ -222,3 +222,34 @@ def test_sigterm_to_a_ray_run_stops_it_like_ctrl_c(store, tmp_path):
     run = MlflowClient(store).get_run(run_id)
     assert run.info.status == "KILLED" and run.data.tags["asyncrlhf.status"] == "killed"
     assert len(checkpoints(store, run_id).steps()) == 1  # written on the signal
+
+
+def test_resume_refuses_an_edited_spec_yaml_unless_forced_and_a_garbled_one_in_one_line(store, tmp_path):
+    """``sed -i 's/^  lr: .*/  lr: 0.5/' …/spec.yaml; asyncrlhf resume RID`` trained at lr 0.5
+    while the params said 0.0003: the checkpoint's spec hash was checked only for sweeps.
+    A garbled or empty spec.yaml gave a long traceback."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+    from pipelines.run import run_experiment
+    from pipelines.spec import load_spec
+
+    spec = load_spec(write_spec(tmp_path), ["trainer.steps=8", "orchestrator.eval_every=0", f"tracking.uri={store}"])
+    run_id = run_experiment(spec).run_id
+    artifact = Path(MlflowClient(store).get_run(run_id).info.artifact_uri.removeprefix("file://")) / "spec.yaml"
+    original = artifact.read_text()
+    artifact.write_text(original.replace("lr: 0.0003", "lr: 0.5"))
+    assert "lr: 0.5" in artifact.read_text()
+    resume = ["resume", run_id, "--uri", store, "--set", "trainer.steps=12"]
+    refused = CliRunner().invoke(app, resume)
+    assert refused.exit_code == 2 and "trainer.lr (0.0003 → 0.5)" in refused.output and "--force" in refused.output
+    assert checkpoints(store, run_id).steps()[-1] == 8  # nothing ran
+    for text, message in (("trainer: {lr: [", "cannot be read (ParserError)"), ("", "is not a spec")):
+        artifact.write_text(text)
+        done = CliRunner().invoke(app, resume)
+        assert done.exit_code == 2 and message in done.output and "Traceback" not in done.output, done.output
+    artifact.write_text(original.replace("lr: 0.0003", "lr: 0.5"))
+    with pytest.warns(UserWarning, match="resuming anyway"):
+        forced = CliRunner().invoke(app, [*resume, "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert checkpoints(store, run_id).steps()[-1] == 12
