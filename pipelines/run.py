@@ -7,7 +7,6 @@ import copy
 import functools
 import random
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,11 @@ from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, 
 from asyncrlhf.orchestration import Orchestrator, RunHistory
 from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.training import TrainerWorker
-from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
+from pipelines.checkpoints import CheckpointError, Checkpoints, check_resume, checkpoint_folder, resume_key
 from pipelines.fit import check_fits
 from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals
-from pipelines.spec import ExperimentSpec, TrackingSpec, spec_from_dict
-from pipelines.specfile import SpecError, flatten, spec_hash
+from pipelines.spec import ExperimentSpec
+from pipelines.specfile import SpecError
 from pipelines.tasks import build_reward, build_task, counted_eval_problems, eval_scorer
 
 __all__ = [
@@ -193,56 +192,6 @@ def _actor_trainer(spec: ExperimentSpec, path: str) -> TrainerWorker:
     seed_everything(spec.seed)
     model, tokenizer = load_pretrained(path, _device(spec))
     return _trainer(spec, model, tokenizer)
-
-
-def resume_key(spec: ExperimentSpec) -> str:
-    """What a checkpoint must match to be resumed: the spec but for its number of steps
-    and where it is tracked."""
-    trainer = spec.trainer.model_copy(update={"steps": 0})
-    return spec_hash(spec.model_copy(update={"trainer": trainer, "tracking": TrackingSpec()}))
-
-
-def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Checkpoints:
-    """The checkpoints of ``run_id`` if ``spec`` may continue it; else a SpecError naming
-    why (unknown run, another experiment, a changed spec, nothing left to run). The spec
-    is also checked against the one its newest checkpoint was written with (its hash in
-    the manifest), so an edited ``spec.yaml`` is not trusted; ``force`` resumes anyway,
-    warning with the difference."""
-    from pipelines.tracking import open_store, read_run, resolve_tracking_uri
-
-    uri = resolve_tracking_uri(spec.tracking.uri)
-    try:
-        run, old, experiment = read_run(open_store(uri), run_id)
-    except LookupError as err:
-        raise SpecError(f"--resume: {err}") from None
-    if experiment != spec.tracking.experiment:
-        raise SpecError(f"--resume {run_id}: the run is in experiment {experiment!r}, the spec logs to "
-                        f"{spec.tracking.experiment!r}")  # fmt: skip
-    before, now = flatten(spec_from_dict(old, source=f"run {run_id}")), flatten(spec)
-    # Where and how it is tracked is not the experiment (the experiment name is checked above).
-    changed = [f"{k} ({before.get(k)} → {now.get(k)})" for k in sorted(set(before) | set(now))
-               if k != "trainer.steps" and not k.startswith("tracking.") and before.get(k) != now.get(k)]  # fmt: skip
-    if changed:
-        raise SpecError(f"--resume {run_id}: only trainer.steps may change, but {', '.join(changed)}")
-    store = Checkpoints(checkpoint_folder(uri, run_id), spec.trainer.keep_checkpoints)
-    steps = store.steps()
-    if not steps:
-        raise SpecError(f"--resume {run_id}: the run has no checkpoint in {store.folder}")
-    if spec.trainer.steps <= steps[-1]:
-        what = "finished" if run.info.status == "FINISHED" else "is checkpointed at"
-        raise SpecError(f"--resume {run_id}: the run {what} step {steps[-1]} and trainer.steps={spec.trainer.steps}:"
-                        f" raise it (--set trainer.steps={2 * steps[-1]}) to continue")  # fmt: skip
-    manifest = store.latest_manifest()
-    if manifest is not None and manifest.get("spec_hash") != resume_key(spec):
-        logged = run.data.params  # the spec as the run started, flattened
-        differing = [f"{k} ({logged[k]} → {v})" for k, v in sorted(now.items()) if k in logged and logged[k] != v
-                     and k != "trainer.steps" and not k.startswith("tracking.")]  # fmt: skip
-        message = (f"--resume {run_id}: the spec is not the one its checkpoint of step {steps[-1]} was written with "
-                   f"(was its spec.yaml edited?){': ' + ', '.join(differing) if differing else ''}")  # fmt: skip
-        if not force:
-            raise SpecError(f"{message}; --force resumes it anyway")
-        warnings.warn(f"{message}; resuming anyway (--force)", stacklevel=2)
-    return store
 
 
 def _fan(*callbacks: Callable[..., None] | None) -> Callable[..., None] | None:
