@@ -10,12 +10,14 @@ warning, when the newest is truncated or corrupted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +85,23 @@ class Checkpoints:
         self.seconds += time.perf_counter() - begin
         return final
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held while a process trains from (and writes) these checkpoints: a second
+        process resuming the same run is refused, not let into the same run."""
+        from filelock import FileLock, Timeout
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.folder / ".lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise CheckpointError(f"{self.folder}: another process is training this run (it holds .lock)") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
     def latest_manifest(self) -> dict[str, Any] | None:
         """The newest checkpoint's manifest (step, spec hash, checksums), without loading
         its state; None when there is none or it cannot be read."""
@@ -134,6 +153,7 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
     the manifest), so an edited ``spec.yaml`` is not trusted; ``force`` resumes anyway,
     warning with the difference."""
     from pipelines.spec import spec_from_dict
+    from pipelines.store import live_owner
     from pipelines.tracking import open_store, read_run, resolve_tracking_uri
 
     uri = resolve_tracking_uri(spec.tracking.uri)
@@ -141,6 +161,10 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
         run, old, experiment = read_run(open_store(uri), run_id)
     except LookupError as err:
         raise SpecError(f"--resume: {err}") from None
+    owner = live_owner(run.data.tags) if run.info.status == "RUNNING" else None
+    if owner is not None:  # two processes would train and log into one run
+        raise SpecError(f"--resume {run_id}: the run is still training in {owner}: stop it first (Ctrl-C or "
+                        "SIGTERM checkpoints it), then resume it")  # fmt: skip
     if experiment != spec.tracking.experiment:
         raise SpecError(f"--resume {run_id}: the run is in experiment {experiment!r}, the spec logs to "
                         f"{spec.tracking.experiment!r}")  # fmt: skip

@@ -254,7 +254,7 @@ def run_experiment(
             reward = getattr(getattr(orchestrator, "worker", None), "reward_fn", None)
             if hasattr(reward, "close"):
                 stack.callback(reward.close)  # a decoded reward's pool (a Ray actor's ends with the actor)
-            run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore)
+            run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore, stack)
             if tracker is not None and resume is None:
                 tracker.log_figures(data)  # whole-run figures known at the start, at step 0
             history, extra = _train(spec, orchestrator, store, tracker)
@@ -275,9 +275,11 @@ def _open_run(
     resume: str | None,
     checkpoint_dir: str | Path | None,
     restore: bool,
+    stack: contextlib.ExitStack,
 ) -> tuple[str | None, Checkpoints | None]:
     """Restore an untracked run from ``checkpoint_dir``, reopen run ``resume`` from its
-    checkpoints, or create a new run; its id and checkpoint store."""
+    checkpoints, or create a new run; its id and checkpoint store, whose lock ``stack``
+    then holds while the run trains (no second process may train it meanwhile)."""
     if restore and checkpoint_dir is not None:
         store = Checkpoints(checkpoint_dir, spec.trainer.keep_checkpoints)
         state, manifest = store.load_latest()
@@ -286,6 +288,7 @@ def _open_run(
         orchestrator.restore(state)
         return None, store
     if store is not None:
+        stack.enter_context(store.lock())
         state, manifest = store.load_latest()
         orchestrator.restore(state)
         tracker.resume(resume, manifest["step"], state["record"]["steps"])
@@ -295,6 +298,7 @@ def _open_run(
         folder = checkpoint_dir or (checkpoint_folder(tracker.uri, run_id) if tracker and run_id else None)
         if folder is not None and spec.trainer.checkpoint_every:
             store = Checkpoints(folder, spec.trainer.keep_checkpoints)
+            stack.enter_context(store.lock())
     return run_id, store
 
 

@@ -146,6 +146,20 @@ def _dead_owner(tags: dict[str, str], now: float) -> str | None:
     return f"no heartbeat from its process {owner.get('pid')} on {owner.get('host')} for {(now - beat) / 60:.0f} min"
 
 
+def live_owner(tags: dict[str, str]) -> str | None:
+    """The process that owns a run and may still be running it (not this process), as
+    words; None when the run has no such owner."""
+    try:
+        owner = json.loads(tags[OWNER_TAG])
+    except (KeyError, ValueError):
+        return None
+    if owner.get("host") == socket.gethostname() and int(owner.get("pid", -1)) == os.getpid():
+        return None
+    if _dead_owner(tags, time.time()) is not None:
+        return None
+    return f"process {owner.get('pid')} on {owner.get('host')}"
+
+
 def reconcile(client: Any) -> list[str]:
     """Mark KILLED every RUNNING run whose owner is gone; the ids of those marked."""
     from mlflow.entities import ViewType

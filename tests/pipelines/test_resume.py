@@ -253,3 +253,27 @@ def test_resume_refuses_an_edited_spec_yaml_unless_forced_and_a_garbled_one_in_o
         forced = CliRunner().invoke(app, [*resume, "--force"])
     assert forced.exit_code == 0, forced.output
     assert checkpoints(store, run_id).steps()[-1] == 12
+
+
+def test_resume_refuses_a_run_that_is_still_training(store, tmp_path):
+    """``asyncrlhf resume RID`` while RID trained was accepted: both processes trained and
+    logged into one run and one checkpoint folder (216 loss/policy rows for 150 steps)."""
+    spec = write_spec(tmp_path, trainer={**SPEC["trainer"], "steps": 150})
+    run_id, process = start_run(spec, store)
+    try:
+        folder = checkpoints(store, run_id)
+        deadline = time.monotonic() + patience(240)
+        while not folder.steps() and time.monotonic() < deadline:
+            assert process.poll() is None, "the run ended before it could be resumed"
+            time.sleep(0.05)
+        refused = asyncrlhf("resume", run_id, "--uri", store, "--set", "trainer.steps=300")
+        assert refused.returncode == 2 and "the run is still training in process" in refused.stderr, refused.stderr
+        assert process.poll() is None  # the owner was left alone
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=patience(120))
+    losses = curve(store, run_id, "loss/policy")
+    assert len(losses) == len({step for step, _ in losses})  # one row per step: nobody else logged into it
+    with folder.lock():  # another process holding the run's checkpoints, past the owner check
+        held = asyncrlhf("resume", run_id, "--uri", store, "--set", "trainer.steps=300")
+    assert held.returncode == 2 and "another process is training this run" in held.stderr, held.stderr
