@@ -41,25 +41,28 @@ def test_a_timeout_that_is_not_a_duration_is_refused_naming_it(buf, timeout):
         buf.sample(1, timeout=timeout)
 
 
-@pytest.mark.parametrize("buf", buffers(), ids=lambda b: type(b).__name__)
-def test_an_infinite_timeout_waits_until_the_data_comes(buf):
-    """``timeout=inf`` used to raise OverflowError inside ``Condition.wait``."""
-    got = []
-    sampler = threading.Thread(target=lambda: got.extend(buf.sample(1, timeout=math.inf)))
+def waiting_sampler(buf) -> tuple[threading.Thread, list]:  # type: ignore[no-untyped-def]
+    """A thread blocked in ``buf.sample(1, timeout=inf)``, and where its result lands."""
+    got: list = []
+    sampler = threading.Thread(target=lambda: got.append(buf.sample(1, timeout=math.inf)))
     sampler.start()
     time.sleep(0.2)
     assert sampler.is_alive() and got == []  # still waiting
+    return sampler, got
+
+
+@pytest.mark.parametrize("buf", buffers(), ids=lambda b: type(b).__name__)
+def test_an_infinite_timeout_waits_until_the_data_comes(buf):
+    """``timeout=inf`` used to raise OverflowError inside ``Condition.wait``."""
+    sampler, got = waiting_sampler(buf)
     buf.push(make_exp(prompt_id="late"))
     sampler.join(timeout=10)
-    assert not sampler.is_alive() and len(got) == 1 and balanced(buf)
+    assert not sampler.is_alive() and len(got) == 1 and len(got[0]) == 1 and balanced(buf)
 
 
 @pytest.mark.parametrize("buf", buffers(), ids=lambda b: type(b).__name__)
 def test_an_infinite_timeout_ends_when_the_buffer_closes(buf):
-    got = []
-    sampler = threading.Thread(target=lambda: got.append(buf.sample(1, timeout=math.inf)))
-    sampler.start()
-    time.sleep(0.1)
+    sampler, got = waiting_sampler(buf)
     buf.close()
     sampler.join(timeout=10)
     assert not sampler.is_alive() and got == [[]]
