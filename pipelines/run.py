@@ -21,7 +21,7 @@ from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.training import TrainerWorker
 from pipelines.checkpoints import CheckpointError, Checkpoints, check_resume, checkpoint_folder, resume_key
 from pipelines.fit import check_fits
-from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals
+from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals, stop_requested
 from pipelines.spec import ExperimentSpec
 from pipelines.specfile import SpecError
 from pipelines.tasks import build_reward, build_task, counted_eval_problems, eval_scorer
@@ -231,13 +231,12 @@ def run_experiment(
         raise ValueError("resume needs tracking (the run to continue is an MLflow run)")
     check_fits(spec)  # sizes that cannot fit are refused before anything starts
     store = check_resume(spec, resume, force_resume) if resume is not None else None
-    tracker = Tracker(spec.tracking) if track else None
-    fan_out = _fan(tracker.on_metrics if tracker else None, on_metrics)
-
+    tracker: Any = False  # not yet built: an interrupt while a new store is created is one before the run
     try:
+        tracker = Tracker(spec.tracking) if track else None
+        fan_out = _fan(tracker.on_metrics if tracker else None, on_metrics)
         with contextlib.ExitStack() as stack:
-            # runtime.torch_threads is process-wide: give the caller its own back (a test
-            # or notebook running several experiments must not inherit one's threads)
+            # torch threads are process-wide: the caller gets its own back
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             if spec.runtime.kind == "ray":
                 from asyncrlhf.distributed import ray_runtime
@@ -259,7 +258,7 @@ def run_experiment(
                 tracker.log_figures(data)  # whole-run figures known at the start, at step 0
             history, extra = _train(spec, orchestrator, store, tracker)
     except KeyboardInterrupt:
-        if tracker is not None and tracker.run_id is None:
+        if tracker is False or (tracker is not None and tracker.run_id is None):
             raise InterruptedBeforeRun("before the MLflow run was created: nothing was logged") from None
         raise
     final = history.final()
@@ -317,6 +316,8 @@ def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, t
         with stop_on_signals() as requested:
 
             def after_step(step: int) -> None:
+                if not requested and stop_requested():  # a signal whose interrupt was lost during start-up
+                    requested.append(str(stop_requested()))
                 if store is not None and ((every and step % every == 0) or requested):
                     checkpoint()
                 if requested:

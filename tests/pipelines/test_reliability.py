@@ -151,3 +151,36 @@ def test_a_moved_store_reads_and_writes_the_artifacts_beside_it(tmp_path):
     client.log_text(later, "after", "note.txt")
     assert (tmp_path / "b" / "mlflow" / "artifacts" / later / "artifacts" / "note.txt").exists()
     assert not (tmp_path / "a").exists()  # nothing written to the old place
+
+
+def test_a_stop_whose_interrupt_was_lost_at_start_up_still_stops_with_a_checkpoint(store, monkeypatch):
+    """SIGTERM 5 s into a run on a new store: its KeyboardInterrupt was raised inside a
+    finalizer ("Exception ignored in…") and the run trained to the end, FINISHED, exit 0
+    (3 of 21 tries). The handler also records the signal; the step loop now polls it."""
+    from pipelines import processes
+    from pipelines.checkpoints import checkpoint_folder
+    from pipelines.processes import RunInterrupted
+
+    monkeypatch.setattr(processes, "_received", ["SIGTERM"])  # caught at start-up, its interrupt lost
+    spec = load_spec(QUICKSTART, ["trainer.steps=20", "trainer.batch_size=32", "orchestrator.eval_every=0",
+                                  "trainer.checkpoint_every=10", f"tracking.uri={store}"])  # fmt: skip
+    with pytest.raises(RunInterrupted, match="SIGTERM: stopped after step 1"):
+        run_experiment(spec)
+    (run,) = MlflowClient(store).search_runs([MlflowClient(store).get_experiment_by_name("quickstart").experiment_id])
+    assert run.info.status == "KILLED"
+    assert sorted(p.name for p in checkpoint_folder(store, run.info.run_id).glob("step-*")) == ["step-000001"]
+
+
+def test_an_interrupt_while_a_new_store_is_created_is_one_before_the_run(store, monkeypatch):
+    """It escaped as a bare KeyboardInterrupt, and the CLI said "the MLflow run is marked
+    KILLED" when no run existed."""
+    from pipelines import tracking
+    from pipelines.processes import InterruptedBeforeRun
+
+    def interrupted(self, config):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(tracking.Tracker, "__init__", interrupted)
+    spec = load_spec(QUICKSTART, ["trainer.steps=2", f"tracking.uri={store}"])
+    with pytest.raises(InterruptedBeforeRun, match="nothing was logged"):
+        run_experiment(spec)
