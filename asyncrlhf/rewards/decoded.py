@@ -146,6 +146,7 @@ class DecodedReward:
                     status.append("errors")
         except BaseException:  # an interrupt: no worker outlives it
             self.close()
+            _kill_stray_workers()
             raise
         return scores, status
 
@@ -184,7 +185,11 @@ class DecodedReward:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.stop()
-            pool.join(timeout=10)
+            # pebble's join ignores its timeout once the pool is stopped (it joins its own
+            # threads without one): joined from a daemon thread, waited for at most 10 s.
+            joiner = threading.Thread(target=pool.join, name="decoded-pool-join", daemon=True)
+            joiner.start()
+            joiner.join(timeout=10)
 
     def __enter__(self) -> DecodedReward:
         return self
@@ -197,3 +202,16 @@ def _stop(ref: weakref.ref) -> None:
     reward = ref()
     if reward is not None:
         reward.close()
+    _kill_stray_workers()  # at exit: none may hold it
+
+
+def _kill_stray_workers() -> None:
+    """Kill every pool worker of this process that outlived its pool's stop, on the way
+    down (an interrupt, or exit). pebble starts them as non-daemon processes, which
+    multiprocessing joins at exit: one the stop missed (being replaced just then) held a
+    Ctrl-C'd process for its row's whole timeout (seen once in a CI run: the SIGINT
+    test's 72 s wait expired on an idle machine)."""
+    for child in multiprocessing.active_children():
+        if child.name.startswith("pebble_pool_worker"):
+            child.kill()
+            child.join(timeout=5)
