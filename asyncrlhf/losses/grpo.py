@@ -86,7 +86,8 @@ def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool
     # rewards near 1e308 neither overflow the mean and the std to inf nor, through them,
     # turn every advantage into 0: (R − μ)/(σ + eps) = (R/t − μ/t)/(σ/t + eps/t).
     top = max(abs(r) for r in rewards)
-    centred = [r / top - math.fsum(r / top for r in rewards) / n for r in rewards]
+    mean = math.fsum(r / top for r in rewards) / n
+    centred = [r / top - mean for r in rewards]
     if not scale:
         return [c * top for c in centred]
     std = math.sqrt(sum(c * c for c in centred) / n)  # population std

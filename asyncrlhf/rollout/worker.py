@@ -25,7 +25,7 @@ from asyncrlhf.types import Experience, pad_rows
 
 __all__ = ["RolloutWorker"]
 
-# (worker, phase, start, end) in time.time() seconds
+# (worker, phase, start, end, cpu): wall-clock time.time() seconds, and the phase's thread CPU seconds
 EventSink = Callable[[str, str, float, float, float], None]
 
 
