@@ -178,7 +178,10 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
     steps = store.steps()
     if not steps:
         raise SpecError(f"--resume {run_id}: the run has no checkpoint in {store.folder}")
-    if spec.trainer.steps <= steps[-1]:
+    # A run checkpointed at its last step but not FINISHED stopped during its final upload:
+    # resuming it with the same steps finishes it (metrics, plots, policy), training nothing.
+    unfinished_end = spec.trainer.steps == steps[-1] and run.info.status != "FINISHED"
+    if spec.trainer.steps <= steps[-1] and not unfinished_end:
         what = "finished" if run.info.status == "FINISHED" else "is checkpointed at"
         raise SpecError(f"--resume {run_id}: the run {what} step {steps[-1]} and trainer.steps={spec.trainer.steps}:"
                         f" raise it (--set trainer.steps={2 * steps[-1]}) to continue")  # fmt: skip

@@ -253,10 +253,10 @@ def run_experiment(
             reward = getattr(getattr(orchestrator, "worker", None), "reward_fn", None)
             if hasattr(reward, "close"):
                 stack.callback(reward.close)  # a decoded reward's pool (a Ray actor's ends with the actor)
-            run_id, store = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore, stack)
+            run_id, store, begun = _open_run(spec, orchestrator, tracker, store, resume, checkpoint_dir, restore, stack)
             if tracker is not None and resume is None:
                 tracker.log_figures(data)  # whole-run figures known at the start, at step 0
-            history, extra = _train(spec, orchestrator, store, tracker)
+            history, extra = _train(spec, orchestrator, store, tracker, begun)
     except KeyboardInterrupt:
         if tracker is False or (tracker is not None and tracker.run_id is None):
             raise InterruptedBeforeRun("before the MLflow run was created: nothing was logged") from None
@@ -275,35 +275,40 @@ def _open_run(
     checkpoint_dir: str | Path | None,
     restore: bool,
     stack: contextlib.ExitStack,
-) -> tuple[str | None, Checkpoints | None]:
+) -> tuple[str | None, Checkpoints | None, int]:
     """Restore an untracked run from ``checkpoint_dir``, reopen run ``resume`` from its
-    checkpoints, or create a new run; its id and checkpoint store, whose lock ``stack``
-    then holds while the run trains (no second process may train it meanwhile)."""
+    checkpoints, or create a new run; its id, its checkpoint store (whose lock ``stack``
+    then holds while the run trains: no second process may train it meanwhile) and the
+    step it begins from (that of the checkpoint restored, or 0)."""
     if restore and checkpoint_dir is not None:
         store = Checkpoints(checkpoint_dir, spec.trainer.keep_checkpoints)
         state, manifest = store.load_latest()
         if manifest["spec_hash"] != resume_key(spec):
             raise CheckpointError(f"{store.folder}: the checkpoint is of another experiment")
         orchestrator.restore(state)
-        return None, store
+        return None, store, manifest["step"]
     if store is not None:
         stack.enter_context(store.lock())
         state, manifest = store.load_latest()
         orchestrator.restore(state)
         tracker.resume(resume, manifest["step"], state["record"]["steps"])
-        return resume, store
+        return resume, store, manifest["step"]
     run_id = tracker.start(spec) if tracker else None
     with tracker.failing() if tracker else contextlib.nullcontext():
         folder = checkpoint_dir or (checkpoint_folder(tracker.uri, run_id) if tracker and run_id else None)
         if folder is not None and spec.trainer.checkpoint_every:
             store = Checkpoints(folder, spec.trainer.keep_checkpoints)
             stack.enter_context(store.lock())
-    return run_id, store
+    return run_id, store, 0
 
 
-def _train(spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, tracker: Any) -> tuple[Any, dict]:
-    """Run to the end, checkpointing when due and on a stop request; finish or fail the run."""
-    every, key, done = spec.trainer.checkpoint_every, resume_key(spec), {"step": -1}
+def _train(
+    spec: ExperimentSpec, orchestrator: Any, store: Checkpoints | None, tracker: Any, begun: int
+) -> tuple[Any, dict]:
+    """Run from step ``begun`` (checkpointed, if not 0) to the end, checkpointing when due
+    and on a stop request; finish or fail the run. A run restored at its end (stopped
+    during its final upload) trains nothing and is only finished."""
+    every, key, done = spec.trainer.checkpoint_every, resume_key(spec), {"step": begun or -1}
 
     def checkpoint() -> None:
         def write(state: dict[str, Any]) -> None:  # labelled by its own step (Ray may be one ahead)

@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 _MAX_PARAMS, _MAX_METRICS = 100, 1000  # per log_batch request (MLflow REST limits)
+_FIGURE_MARK = "time/total_s"  # a whole-run figure every finished run has logged
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
@@ -168,6 +169,7 @@ class Tracker:
         self._system: Any = None  # MLflow's system-metrics monitor, while the run lives
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
         self._table_until = -1  # and evaluations up to here are in its table
+        self._figures_step = 0  # whole-run figures go at the step this process began from
         self._ended = False
 
     # ------------------------------------------------------------- lifecycle
@@ -224,6 +226,9 @@ class Tracker:
         history = self.client.get_metric_history(run_id, "loss/policy")
         self._logged_until = max((m.step for m in history), default=0)
         self._table_until = logged_until(self.client, run_id)
+        # Whole-run figures at a step of their own if an earlier process logged them (a
+        # finished run continued), else at step 0 (its final upload never got that far).
+        self._figures_step = from_step if _FIGURE_MARK in run.data.metrics else 0
         count = int(run.data.tags.get("resume.count", "0")) + 1
         steps = [*json.loads(run.data.tags.get("resume.from_steps", "[]")), from_step]
         tags = {"resume.count": str(count), "resume.from_steps": json.dumps(steps), "asyncrlhf.status": "running",
@@ -288,11 +293,14 @@ class Tracker:
             self.client.log_batch(self.run_id, metrics=pending[i : i + _MAX_METRICS], synchronous=True)
 
     def log_figures(self, figures: dict[str, float] | dict[str, int]) -> None:
-        """Whole-run figures (one value each, at step 0)."""
+        """Whole-run figures, one value each: at step 0, or, for a resumed run that logged
+        them before, at the step it resumed from, so no step carries two values of one
+        figure and the latest value is the one that describes the whole run."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, 0) for k, v in figures.items() if math.isfinite(v)]
+        step = self._figures_step
+        metrics = [Metric(k, float(v), now, step) for k, v in figures.items() if math.isfinite(v)]
         self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
 
     def finish(self, history: RunHistory, extra: dict[str, float] | None = None, status: str = "FINISHED") -> None:
@@ -301,7 +309,7 @@ class Tracker:
 
         begin = time.perf_counter()
         self.flush()
-        # Whole-run figures, at step 0: one value each, which MLflow's charts draw as a bar
+        # Whole-run figures, at step 0 (see log_figures): one value each, which MLflow draws as a bar
         # (at the last step they were lone dots on a 399–400.5 axis). Those the per-step
         # stream already carries (cumulative throughput) are not logged again.
         per_step = set(history.steps[-1]) if history.steps else set()

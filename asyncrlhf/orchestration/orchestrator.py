@@ -123,7 +123,9 @@ class Orchestrator:
             self.recorder.initial(self.trainer_side.evaluate())
         self.recorder.begin(keep_elapsed=self._restored)
         first = self.recorder.steps_done
-        if self.schedule.mode == "sync":
+        if first >= num_steps:
+            pass  # restored at its end (a run whose final upload is being finished): nothing to train
+        elif self.schedule.mode == "sync":
             for step in range(first, num_steps):
                 self._rollout(step)
                 self._train(step, after_step)

@@ -162,6 +162,9 @@ def test_sigterm_checkpoints_and_marks_the_run_killed_then_a_finished_run_contin
     run = MlflowClient(store).get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["resume.count"] == "2"
     assert [s for s, _ in curve(store, run_id, "loss/policy")] == list(range(1, 49))
+    (first,) = json.loads(run.data.tags["resume.from_steps"])[1:]  # the finished run, continued from 40
+    for key in FIGURES:  # once per process that finished: the continued run's at the step it began from
+        assert [s for s, _ in curve(store, run_id, key)] == [0, first], key
 
 
 def test_bad_resumes_exit_2_with_one_line_and_create_nothing(store, tmp_path):
@@ -277,3 +280,52 @@ def test_resume_refuses_a_run_that_is_still_training(store, tmp_path):
     with folder.lock():  # another process holding the run's checkpoints, past the owner check
         held = asyncrlhf("resume", run_id, "--uri", store, "--set", "trainer.steps=300")
     assert held.returncode == 2 and "another process is training this run" in held.stderr, held.stderr
+
+
+KILL_DURING_UPLOAD = """
+import os, signal, sys
+import pipelines.run as run
+from pipelines.spec import load_spec
+
+def killed(*args):  # SIGKILL while the final upload begins: metrics of the last steps unflushed
+    os.kill(os.getpid(), signal.SIGKILL)
+
+run._log_policy = killed
+run.run_experiment(load_spec(sys.argv[1]))
+"""
+
+FIGURES = ("time/total_s", "perf/bubble_frac_trainer", "perf/checkpoint_frac", "perf/tracking_frac")
+
+
+def test_a_run_killed_during_its_final_upload_is_finished_by_resume(store, tmp_path):
+    """SIGKILL during the final upload left a KILLED run with no plots, history or policy,
+    steps 57–60 lost, and ``resume`` saying raise ``trainer.steps``. Now resume finishes it,
+    training nothing: every step once, as in the uninterrupted run, and the same policy."""
+    import sys
+
+    trainer = {**SPEC["trainer"], "steps": 12, "checkpoint_every": 4}
+    spec = write_spec(tmp_path, trainer=trainer, tracking={**SPEC["tracking"], "flush_every": 5})
+    assert asyncrlhf("run", str(spec)).returncode == 0
+    (reference,) = runs(store)
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_DURING_UPLOAD)
+    killed = subprocess.run([sys.executable, str(script), str(spec)], capture_output=True, text=True, env=env(),
+                            timeout=patience(300))  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    run_id = runs(store)[-1].info.run_id
+    assert checkpoints(store, run_id).steps()[-1] == 12
+    assert [s for s, _ in curve(store, run_id, "loss/policy")] == list(range(1, 11))  # 11 and 12 unflushed
+    resumed = asyncrlhf("resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED" and json.loads(run.data.tags["resume.from_steps"]) == [12]
+    for key in ("loss/policy", "reward/mean", "eval/accuracy"):
+        assert curve(store, run_id, key) == curve(store, reference.info.run_id, key), key
+    for key in FIGURES:  # logged once, at step 0, as in a run that was not stopped
+        assert [s for s, _ in curve(store, run_id, key)] == [0], key
+    assert policy_sha(store, run_id, tmp_path) == policy_sha(store, reference.info.run_id, tmp_path)
+    artifacts = {a.path for a in MlflowClient(store).list_artifacts(run_id, "plots")}
+    assert {"plots/curves.png", "plots/staleness.png", "plots/timeline.png"} <= artifacts
+    assert checkpoints(store, run_id).steps()[-1] == 12  # nothing trained, nothing rewritten
+    again = asyncrlhf("resume", run_id)  # FINISHED now: nothing left to do
+    assert again.returncode == 2 and "raise it" in again.stderr
