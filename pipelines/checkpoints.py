@@ -72,11 +72,16 @@ class Checkpoints:
         final = self.folder / f"step-{step:06d}"
         tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(state, tmp / "state.pt")
-        manifest = {"step": step, "spec_hash": spec_hash, "sha256": {"state.pt": _sha256(tmp / "state.pt")},
-                    "created": time.time()}  # fmt: skip
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        try:
+            tmp.mkdir()
+            with open(tmp / "state.pt", "wb") as handle:  # ours: torch's own file hides the OS error
+                torch.save(state, handle)
+            manifest = {"step": step, "spec_hash": spec_hash, "sha256": {"state.pt": _sha256(tmp / "state.pt")},
+                        "created": time.time()}  # fmt: skip
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        except Exception as err:  # a full disk, a file size limit: no partial checkpoint stays
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _write_error(err, self.folder, step) from err
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -98,6 +103,8 @@ class Checkpoints:
         except Timeout:
             raise CheckpointError(f"{self.folder}: another process is training this run (it holds .lock)") from None
         try:
+            for stale in self.folder.glob(".step-*.tmp-*"):  # a write killed midway (no one else writes here now)
+                shutil.rmtree(stale, ignore_errors=True)
             yield
         finally:
             lock.release()
@@ -135,6 +142,18 @@ class Checkpoints:
                 continue
             return state, manifest
         raise CheckpointError(f"no usable checkpoint in {self.folder}: " + "; ".join(problems))
+
+
+def _write_error(err: Exception, folder: Path, step: int) -> Exception:
+    """The OS error under a failed checkpoint write (torch reports ``unexpected pos`` or
+    ``iostream error`` for a full disk), as one naming the folder and the step."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__context__ or cause.__cause__
+    if cause is None:
+        return err
+    assert isinstance(cause, OSError)
+    return OSError(cause.errno, f"cannot write the checkpoint of step {step} in {folder}: {cause.strerror or cause}")
 
 
 def resume_key(spec: ExperimentSpec) -> str:

@@ -117,7 +117,7 @@ def export(
 
     try:
         export_policy(run_id, out, uri, overwrite)
-    except ExportError as err:
+    except (ExportError, SpecError) as err:
         _fail(err)
     console.print(f"[green]exported[/] the policy of run {run_id} to {out}")
 
@@ -234,15 +234,11 @@ def warmstart(
     evaluation = manifest["eval"]
     console.print(
         f"[green]wrote[/] {out}: {manifest['warm_start']['steps']} warm-start steps, final loss "
-        f"{manifest['final_loss']:.4f} ({manifest['built_with']['cpu_capability']} kernels)",
-        soft_wrap=True,
-    )
-    console.print(
+        f"{manifest['final_loss']:.4f} ({manifest['built_with']['cpu_capability']} kernels)\n"
         f"held-out greedy accuracy {evaluation['greedy_accuracy']:.3f} on {evaluation['eval_size']} "
-        f"{evaluation['task']} problems",
+        f"{evaluation['task']} problems\nsha256 {manifest['sha256']}",
         soft_wrap=True,
     )
-    console.print(f"sha256 {manifest['sha256']}")
 
 
 @app.command()
@@ -377,8 +373,10 @@ def ui(
     if port_in_use(host, port):  # before any link is printed: the server would fail, and exit 0
         _fail(f"--port {port} on {host} is in use: choose another with --port")
     store = resolve_tracking_uri(uri)
-    client = open_store(store)  # initialised and reconciled before the server reads it
-    experiments = tag_experiments(client)
+    try:
+        experiments = tag_experiments(open_store(store))  # initialised and reconciled before the server reads it
+    except SpecError as err:  # a damaged store
+        _fail(err)
     mlflow_bin = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow_bin, "ui", "--backend-store-uri", store, "--host", host, "--port", str(port)]
     base, mode = f"http://{host}:{port}/#/experiments", "workflowType=machine_learning"

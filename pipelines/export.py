@@ -30,11 +30,12 @@ def export_policy(run_id: str, out: str | Path, uri: str | None = None, overwrit
         raise ExportError(f"--out {out} is a file: give a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"--out {out} exists and is not empty: give a new directory, or --overwrite")
+    client = open_store(uri)  # a damaged store is its own error (StoreError), before anything is made
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         try:
-            policy = Path(open_store(uri).download_artifacts(run_id, "policy", str(staging)))
+            policy = Path(client.download_artifacts(run_id, "policy", str(staging)))
         except Exception as err:
             raise ExportError(f"run {run_id!r} has no policy to export ({type(err).__name__})") from None
         previous = staging / "previous" if out.exists() else None

@@ -46,7 +46,8 @@ def resolve_tracking_uri(configured: str | None = None) -> str:
 
 
 def open_store(configured: str | None = None) -> Any:
-    """An ``MlflowClient`` on the resolved store: initialised (a new SQLite store under a
+    """An ``MlflowClient`` on the resolved store: checked (a damaged SQLite file is a
+    :class:`~pipelines.storecheck.StoreError`), initialised (a new SQLite store under a
     file lock), and reconciled once per process."""
     from mlflow import MlflowClient
 
@@ -58,16 +59,21 @@ def open_store(configured: str | None = None) -> Any:
     if uri.startswith("sqlite:///"):
         from filelock import FileLock
 
-        with FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=300):
-            new = not Path(uri.removeprefix("sqlite:///")).exists()
+        from pipelines.storecheck import check_sqlite, store_errors
+
+        db = Path(uri.removeprefix("sqlite:///"))
+        with FileLock(str(db) + ".lock", timeout=300), store_errors(db, "the MLflow store"):
+            check_sqlite(db, "the MLflow store", beside=("artifacts", "checkpoints"))
+            new = not db.exists() or db.stat().st_size == 0
             client = MlflowClient(tracking_uri=uri)  # the store: its tables created and migrated if needed
             client.search_experiments(max_results=1)
             if new:  # MLflow makes an empty "Default" experiment nothing here uses: keep the UI's list to ours
                 client.delete_experiment("0")
-            relocate(Path(uri.removeprefix("sqlite:///")))
+            relocate(db)
+            reconcile(client)  # the first queries of the runs table: damage there shows here
     else:
         client = MlflowClient(tracking_uri=uri)
-    reconcile(client)
+        reconcile(client)
     _opened[uri] = client
     return client
 
@@ -187,8 +193,13 @@ def end_run(client: Any, run_id: str, status: str, label: str, tags: dict[str, s
         batch = [RunTag("asyncrlhf.status", label), *(RunTag(k, v) for k, v in (tags or {}).items())]
         client.log_batch(run_id, tags=batch, synchronous=True)
         client.set_terminated(run_id, status=status)
-    except Exception:
-        pass
+    except Exception as err:
+        if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+            return
+        import warnings
+
+        warnings.warn(f"run {run_id} could not be marked {status} ({type(err).__name__}: {err}); the next asyncrlhf "
+                      "command on this store marks it KILLED", stacklevel=2)  # fmt: skip
 
 
 class Heartbeat:

@@ -335,8 +335,9 @@ class Tracker:
         killed = isinstance(error, KeyboardInterrupt)
         try:
             self.flush()
-        finally:
-            self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
+        except Exception as err:  # a full disk, say: the error that ended the run is the one to report
+            warnings.warn(f"the last metrics could not be logged ({type(err).__name__}: {err})", stacklevel=2)
+        self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
 
     def _monitor_system(self, resumed: bool) -> None:
         """MLflow's own CPU/memory/disk/network (and GPU) sampling into ``system/`` metrics

@@ -115,17 +115,23 @@ def run_sweep(
     uri = resolve_tracking_uri(sweep.tracking.uri)
     storage = sweep.storage or studies.default_storage(uri)
     runtime = sweep.runtime
-    with studies.driver_lock(storage, sweep.study_name), ray_runtime(runtime.address, runtime.num_cpus):
-        check_resources(sweep)
-        return _run_locked(sweep, base, max_trials, on_trial, poll_s, uri, storage)
+    with studies.driver_lock(storage, sweep.study_name):
+        client = open_store(uri)  # both stores checked before Ray starts: a damaged one is one line
+        study = studies.make_study(sweep, base, storage)
+        if sweep_runs.PARENT not in study.user_attrs:
+            sweep_runs.refuse_orphaned(client, sweep, storage)
+        with ray_runtime(runtime.address, runtime.num_cpus):
+            check_resources(sweep)
+            return _run_locked(sweep, base, max_trials, on_trial, poll_s, (uri, client), study, storage)
 
 
 def _run_locked(
-    sweep: SweepSpec, base: dict[str, Any], max_trials: int | None, on_trial: Any, poll_s: float, uri: str, storage: str
-) -> SweepResult:
-    """:func:`run_sweep` while holding the study's driver lock."""
-    client = open_store(uri)
-    study = studies.make_study(sweep, base, storage)
+    sweep: SweepSpec, base: dict[str, Any], max_trials: int | None, on_trial: Any, poll_s: float,
+    store: tuple[str, Any], study: Any, storage: str,
+) -> SweepResult:  # fmt: skip
+    """:func:`run_sweep` while holding the study's driver lock, Ray started; ``store`` is
+    the tracking URI and its client."""
+    uri, client = store
     sweep_runs.interrupt_stale(study, client)  # trials left RUNNING by a killed driver
     parent = sweep_runs.parent_run(client, sweep, study, storage)
     sweep_runs.end_open_children(client, parent)  # and runs it was creating

@@ -20,11 +20,12 @@ from pipelines.tracking import Tracker, end_run, new_run
 
 __all__ = [
     "adopt_finished", "end_open_children", "hand_over", "interrupt", "interrupt_stale", "log_summary", "parent_run",
-    "resume_run", "seed_key", "take",
+    "refuse_orphaned", "resume_run", "seed_key", "take",
 ]  # fmt: skip
 
 RESUMABLE = "resumable"  # study attribute: seed key → run cut off unfinished, to continue from its checkpoint
 FINISHED = "finished"  # study attribute: seed key → run that FINISHED in a trial cut off, to adopt
+PARENT = "mlflow_parent_run_id"  # study attribute: the sweep's parent run
 
 
 def interrupt(study: Any, client: Any, number: int, params: dict[str, Any], run_ids: dict[str, str]) -> None:
@@ -124,7 +125,7 @@ def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
     """The sweep's parent run: created, or reopened (owned by this process) on resume."""
     from mlflow.entities import RunTag
 
-    run_id = study.user_attrs.get("mlflow_parent_run_id")
+    run_id = study.user_attrs.get(PARENT)
     if run_id is not None:
         try:
             client.update_run(run_id, status="RUNNING")
@@ -137,8 +138,29 @@ def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
     tags = {"sweep.name": sweep.name, "sweep.method": sweep.method, "sweep.objective": sweep.objective,
             "sweep.storage": storage, "asyncrlhf.status": "running", **sweep.tracking.tags}  # fmt: skip
     run_id = new_run(client, sweep.tracking.experiment, sweep.name, tags, flatten(sweep))
-    study.set_user_attr("mlflow_parent_run_id", run_id)
+    study.set_user_attr(PARENT, run_id)
     return run_id
+
+
+def refuse_orphaned(client: Any, sweep: SweepSpec, storage: str) -> None:
+    """A new study whose sweep already has a parent run with trials in MLflow lost its
+    study store (``optuna.db`` deleted or moved): running it would repeat every trial
+    under a second parent. Refused, naming both and what to do."""
+    from pipelines.storecheck import StoreError
+
+    experiment = client.get_experiment_by_name(sweep.tracking.experiment)
+    if experiment is None:
+        return
+    parents = client.search_runs([experiment.experiment_id], filter_string="tags.`sweep.method` != ''")
+    for parent in parents:  # compared here: a name or path may hold a quote the filter cannot
+        if (parent.data.tags.get("sweep.name"), parent.data.tags.get("sweep.storage")) != (sweep.name, storage):
+            continue
+        children = client.search_runs([experiment.experiment_id], max_results=1,
+                                      filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
+        if children:
+            raise StoreError(f"sweep {sweep.name!r} has no study in {storage}, but MLflow run {parent.info.run_id} "
+                             "is its parent, with trials (was the study's database deleted or moved?): restore it, "
+                             f"or give the sweep a new name (--set name={sweep.name}-2) to start over")  # fmt: skip
 
 
 def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, resumed: int) -> None:

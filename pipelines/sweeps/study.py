@@ -92,7 +92,19 @@ def make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
     combinations are enqueued (once)."""
     import optuna
 
+    from pipelines.storecheck import check_sqlite, store_errors
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = Path(storage.removeprefix("sqlite:///")) if storage.startswith("sqlite:///") else None
+    if db is not None:
+        check_sqlite(db, "the sweeps' Optuna store")
+    with store_errors(db, "the sweeps' Optuna store"):
+        return _make_study(sweep, base, storage)
+
+
+def _make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
+    import optuna
+
     # A resumed study's sampler continues the seed sequence: reseeded with sweep.seed alone
     # it would draw trial 0's parameters again while still in its random start-up phase.
     known = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}

@@ -112,6 +112,19 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
                "summary/objective_vs_staleness.png", "summary/curves_by_staleness.png"}  # fmt: skip
     assert summary <= summary_files(store, parent.info.run_id)
     assert parent.data.metrics["sweep/complete"] == 4
+    # A damaged optuna.db was a ~300-line traceback; a deleted one reran every trial under
+    # a second parent. Each is one line naming the file, and nothing runs.
+    good, before = db.read_bytes(), len(sweep_runs(store)[1])
+    for damage, fragment in [(good[: len(good) // 2], "is truncated"), (b"x" * 4096, "is not a SQLite database"),
+                             (None, "has no study in")]:  # fmt: skip
+        db.unlink()
+        if damage is not None:
+            db.write_bytes(damage)
+        refused = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=120)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and fragment in lines[0], refused.stderr[-2000:]
+        assert str(db) in lines[0]
+    assert len(sweep_runs(store)[1]) == before  # no trial ran
 
 
 def test_bad_sweep_files_fail_before_anything_runs(store, tmp_path):
