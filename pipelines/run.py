@@ -24,7 +24,7 @@ from pipelines.fit import check_fits
 from pipelines.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals, stop_requested
 from pipelines.spec import ExperimentSpec
 from pipelines.specfile import SpecError
-from pipelines.tasks import build_reward, build_task, counted_eval_problems, eval_scorer
+from pipelines.tasks import build_reward, build_task, counted_eval_problems, eval_scorer, model_context
 
 __all__ = [
     "RunResult",
@@ -142,7 +142,7 @@ def build_orchestrator(
         from asyncrlhf.distributed import RayOrchestrator
 
         tokenizer = load_tokenizer(path)
-        task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
+        task, reward = build_task(spec, tokenizer, model_context(path)), build_reward(spec, tokenizer)
         runtime, held_out = spec.runtime, counted_eval_problems(task, on_data)
         return RayOrchestrator(
             functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path),
@@ -154,7 +154,8 @@ def build_orchestrator(
         )  # fmt: skip
     device = _device(spec)
     model, tokenizer = load_pretrained(path, device)
-    task, reward = build_task(spec, tokenizer), build_reward(spec, tokenizer)
+    context = getattr(model.config, "max_position_embeddings", None)
+    task, reward = build_task(spec, tokenizer, context), build_reward(spec, tokenizer)
     trainer = _trainer(spec, model, tokenizer)
     engine = _engine(spec, model, tokenizer, path, device)  # a copy of the trainer's model
     held_out = counted_eval_problems(task, on_data)

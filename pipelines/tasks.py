@@ -15,7 +15,8 @@ from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.tasks.dataset import DatasetTask
 from pipelines.specfile import _Section
 
-__all__ = ["TaskSpec", "build_reward", "build_task", "counted_eval_problems", "eval_scorer"]
+__all__ = ["TaskSpec", "build_reward", "build_task", "counted_eval_problems", "eval_scorer", "model_context",
+           "prompt_limit"]  # fmt: skip
 
 
 class TaskSpec(_Section):
@@ -35,8 +36,13 @@ class TaskSpec(_Section):
     answer_key: str = Field("answer", min_length=1, description="dataset: the field holding the reference answer.")
     system_prompt: str | None = Field(None, description="dataset: a system message (needs a chat template).")
     chat_template: bool | None = Field(None, description="dataset: apply the tokenizer's chat template (null: if any).")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="dataset: longest prompt, in tokens (null: any).")
-    long_prompts: Literal["drop", "refuse"] = Field("drop", description="dataset: what a longer prompt gets.")
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="JSONL, dataset: longest prompt, in tokens (null: the model's context less "
+        "rollout.max_new_tokens; more than that is refused).",
+    )
+    long_prompts: Literal["drop", "refuse"] = Field("drop", description="JSONL, dataset: what a longer prompt gets.")
 
     @field_validator("eval_size")
     @classmethod
@@ -59,22 +65,52 @@ class TaskSpec(_Section):
         return self
 
 
-def build_task(spec: Any, tokenizer: Any) -> Any:
-    """The spec's verifiable task."""
+def model_context(path: str) -> int | None:
+    """The context length (``max_position_embeddings``) of the model at ``path``, read
+    from its config alone; None when it has none."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+
+
+def prompt_limit(spec: Any, context: int | None) -> int | None:
+    """The longest prompt a file-backed task keeps: ``task.max_prompt_tokens``, else what
+    the model's ``context`` (its ``max_position_embeddings``) leaves after the response.
+
+    Raises:
+        ValueError: ``max_prompt_tokens`` and ``rollout.max_new_tokens`` together exceed it.
+    """
+    new_tokens, asked = spec.rollout.max_new_tokens, spec.task.max_prompt_tokens
+    budget = None if context is None else context - new_tokens
+    if budget is not None and budget < 1:
+        raise ValueError(
+            f"rollout.max_new_tokens={new_tokens} leaves no room for a prompt in the model's context of {context}"
+        )
+    if asked is not None and budget is not None and asked > budget:
+        raise ValueError(
+            f"task.max_prompt_tokens={asked} and rollout.max_new_tokens={new_tokens} exceed the model's context of "
+            f"{context} positions: at most {budget} tokens of prompt"
+        )
+    return asked if asked is not None else budget
+
+
+def build_task(spec: Any, tokenizer: Any, context: int | None = None) -> Any:
+    """The spec's verifiable task; ``context``: the model's, which bounds a file's prompts
+    (:func:`prompt_limit`)."""
     if spec.task.kind == "addition":
         return AdditionTask(
             tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size,
             eval_seed=spec.task.eval_seed,
         )  # fmt: skip
-    task = spec.task
+    task, limit = spec.task, prompt_limit(spec, context)
     if task.kind == "jsonl":
         return JsonlTask(
             tokenizer, task.path, task.eval_path, task.eval_fraction, seed=spec.seed, eval_seed=task.eval_seed,
-            answer_variants=task.answer_variants,
+            answer_variants=task.answer_variants, max_prompt_tokens=limit, long_prompts=task.long_prompts,
         )  # fmt: skip
     return DatasetTask(
         tokenizer, task.path, task.prompt_key, task.answer_key, task.eval_path, task.eval_fraction,
-        task.system_prompt, task.chat_template, task.max_prompt_tokens, task.long_prompts, seed=spec.seed,
+        task.system_prompt, task.chat_template, limit, task.long_prompts, seed=spec.seed,
         eval_seed=task.eval_seed, answer_variants=task.answer_variants,
     )  # fmt: skip
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Problem", "Task", "answer_variants", "encode_problem"]
+__all__ = ["LongPrompts", "Problem", "Task", "answer_variants", "encode_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,39 @@ class Problem:
         """:attr:`patterns` on ``device``."""
         patterns = self.patterns
         return [p.to(device) for p in patterns] if isinstance(patterns, list) else patterns.to(device)
+
+
+@dataclass
+class LongPrompts:
+    """The prompt-length limit of a file-backed task: a prompt over ``limit`` tokens is
+    dropped (counted in :attr:`dropped`, with one warning per file) or, with ``"refuse"``,
+    a ValueError naming where it is. A 200,000-character prompt otherwise reached the
+    model and failed the run allocating 40 GB."""
+
+    limit: int | None = None
+    policy: Literal["drop", "refuse"] = "drop"
+    dropped: int = 0
+    _long: list[str] = field(default_factory=list)
+
+    def keep(self, where: str, tokens: int) -> bool:
+        """Whether the prompt at ``where`` (``tokens`` long) is kept."""
+        if self.limit is None or tokens <= self.limit:
+            return True
+        if self.policy == "refuse":
+            raise ValueError(f"{where}: prompt has {tokens} tokens, over max_prompt_tokens={self.limit}")
+        self._long.append(where)
+        return False
+
+    def done(self, path: Path, kept: int) -> None:
+        """After reading ``path`` (``kept`` prompts kept): count, warn, or refuse a file
+        with nothing left."""
+        long, self._long = self._long, []
+        self.dropped += len(long)
+        if not kept and long:
+            raise ValueError(f"{path}: all {len(long)} prompts are over max_prompt_tokens={self.limit}")
+        if long:
+            warnings.warn(f"{path}: dropped {len(long)} of {len(long) + kept} prompts over "
+                          f"max_prompt_tokens={self.limit} (first: {long[0]})", stacklevel=4)  # fmt: skip
 
 
 @runtime_checkable

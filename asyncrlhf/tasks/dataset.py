@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +13,7 @@ from typing import Any, Literal
 import torch
 
 from asyncrlhf._checks import check_nonnegative_int
-from asyncrlhf.tasks.base import Problem, answer_variants
+from asyncrlhf.tasks.base import LongPrompts, Problem, answer_variants
 from asyncrlhf.tasks.jsonl import json_line, read_utf8, unrepresentable
 
 __all__ = ["DatasetTask", "read_records"]
@@ -103,8 +102,7 @@ class DatasetTask:
         if system_prompt is not None and not self.templated:
             raise ValueError("system_prompt needs a chat template (the tokenizer has none, or chat_template is off)")
         self.system_prompt, self.variants = system_prompt, answer_variants
-        self.max_prompt_tokens, self.long_prompts = max_prompt_tokens, long_prompts
-        self.dropped = 0
+        self.long = LongPrompts(max_prompt_tokens, long_prompts)
         train = self._problems(Path(path))
         if eval_path is not None:
             self._train, self._eval = train, self._problems(Path(eval_path))
@@ -133,8 +131,13 @@ class DatasetTask:
         bos = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
         return bos + tok.encode(prompt, add_special_tokens=False)
 
+    @property
+    def dropped(self) -> int:
+        """Prompts dropped for being over ``max_prompt_tokens``."""
+        return self.long.dropped
+
     def _problems(self, path: Path) -> list[Problem]:
-        problems, long = [], []
+        problems = []
         for where, row in read_records(path, self.keys):
             prompt, answer = row[self.keys[0]], row[self.keys[1]]
             for key, text in zip(self.keys, (prompt, answer), strict=True):
@@ -142,23 +145,14 @@ class DatasetTask:
                 if unknown:
                     raise ValueError(f"{where}: field {key!r} has characters the tokenizer cannot represent: {unknown}")
             ids = self.prompt_ids(prompt)
-            if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-                if self.long_prompts == "refuse":
-                    raise ValueError(f"{where}: prompt has {len(ids)} tokens, over max_prompt_tokens="
-                                     f"{self.max_prompt_tokens}")  # fmt: skip
-                long.append(where)
+            if not self.long.keep(where, len(ids)):
                 continue
             answer_ids = self.tokenizer.encode(answer, add_special_tokens=False)
             others = answer_variants(self.tokenizer, prompt, answer)[1:] if self.variants else []
             problems.append(Problem(row.get("id", where), prompt, answer, torch.tensor(ids, dtype=torch.long),
                                     torch.tensor(answer_ids, dtype=torch.long),
                                     tuple(torch.tensor(v, dtype=torch.long) for v in others)))  # fmt: skip
-        self.dropped += len(long)
-        if not problems:
-            raise ValueError(f"{path}: all {len(long)} prompts are over max_prompt_tokens={self.max_prompt_tokens}")
-        if long:
-            warnings.warn(f"{path}: dropped {len(long)} of {len(long) + len(problems)} prompts over "
-                          f"max_prompt_tokens={self.max_prompt_tokens} (first: {long[0]})", stacklevel=3)  # fmt: skip
+        self.long.done(path, len(problems))
         return problems
 
     def train_problems(self) -> Iterator[Problem]:

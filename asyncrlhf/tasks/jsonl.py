@@ -6,10 +6,10 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from asyncrlhf._checks import check_nonnegative_int
-from asyncrlhf.tasks.base import Problem, encode_problem
+from asyncrlhf.tasks.base import LongPrompts, Problem, encode_problem
 
 __all__ = ["JsonlTask", "json_line", "read_utf8", "unrepresentable"]
 
@@ -23,7 +23,9 @@ class JsonlTask:
     ``seed``) is held out for evaluation, or a separate ``eval_path`` file gives the
     evaluation set. ``seed`` orders the training stream. ``answer_variants``: each
     answer also matches its other tokenizations (see
-    :func:`~asyncrlhf.tasks.base.answer_variants`), for subword tokenizers.
+    :func:`~asyncrlhf.tasks.base.answer_variants`), for subword tokenizers. A prompt over
+    ``max_prompt_tokens`` (BOS included) is dropped or refused, as ``long_prompts`` says
+    (:class:`~asyncrlhf.tasks.base.LongPrompts`).
 
     Every line is checked when the task is built, and a bad one is refused with its file,
     line and field: prompts and answers must be non-empty JSON strings (not ``null``,
@@ -42,8 +44,11 @@ class JsonlTask:
         seed: int = 0,
         eval_seed: int | None = None,
         answer_variants: bool = False,
+        max_prompt_tokens: int | None = None,
+        long_prompts: Literal["drop", "refuse"] = "drop",
     ) -> None:
         self.tokenizer, self.variants = tokenizer, answer_variants
+        self.long = LongPrompts(max_prompt_tokens, long_prompts)
         self.seed = check_nonnegative_int("seed", seed)
         split_seed = seed if eval_seed is None else check_nonnegative_int("eval_seed", eval_seed)
         rows = self._read(Path(path))
@@ -72,8 +77,18 @@ class JsonlTask:
         rows = []
         for lineno, line in enumerate(read_utf8(path).splitlines(), start=1):
             if line.strip():
-                rows.append(self._row(json_line(path, lineno, line), f"{path}:{lineno}", f"{path.name}:{lineno}"))
+                row = self._row(json_line(path, lineno, line), f"{path}:{lineno}", f"{path.name}:{lineno}")
+                bos = int(getattr(self.tokenizer, "bos_token_id", None) is not None)
+                tokens = bos + len(self.tokenizer.encode(row[1], add_special_tokens=False))
+                if self.long.keep(f"{path}:{lineno}", tokens):
+                    rows.append(row)
+        self.long.done(path, len(rows))
         return rows
+
+    @property
+    def dropped(self) -> int:
+        """Prompts dropped for being over ``max_prompt_tokens``."""
+        return self.long.dropped
 
     def _row(self, item: dict[str, Any], where: str, default_id: str) -> Row:
         pid = item.get("id", default_id)

@@ -38,6 +38,7 @@ def setup_files(folder: Path) -> None:
     good = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20)]
     (folder / "null.jsonl").write_text("\n".join([*good[:2], '{"prompt": "1+1=", "answer": null}', *good[2:]]))
     (folder / "one.jsonl").write_text(good[0] + "\n")
+    (folder / "huge.jsonl").write_text("\n".join([json.dumps({"prompt": "1" * 200_000, "answer": "2"}), *good]))
     sweep = {"name": "seedless", "base": "quickstart.yaml", "seeds": [], "space": {"trainer.lr": [1e-4, 3e-4]}}
     (folder / "seedless.yaml").write_text(yaml.safe_dump(sweep))
     sweep = {"name": "busy", "base": "quickstart.yaml", "space": {"trainer.lr": [1e-4, 3e-4]}}

@@ -104,3 +104,35 @@ def test_jsonl_refuses_files_that_leave_nothing_to_evaluate_or_are_not_utf8(tmp_
     latin.write_bytes('{"prompt": "caf\u00e9", "answer": "1"}\n'.encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1\.jsonl: not UTF-8 text \(byte 0xe9 at offset 15\)"):
         JsonlTask(tokenizer, latin)
+
+
+def test_a_jsonl_prompt_over_the_limit_is_dropped_and_counted_or_refused(tmp_path, tokenizer):
+    """A 200,000-character prompt reached the model and failed the run allocating 40 GB."""
+    good = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)]
+    lines = [{"prompt": "1" * 200_000, "answer": "2"}, *good]
+    path = tmp_path / "huge.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    with pytest.warns(UserWarning, match=r"dropped 1 of 21 prompts over max_prompt_tokens=59 \(first: .*jsonl:1\)"):
+        task = JsonlTask(tokenizer, path, max_prompt_tokens=59)
+    assert task.dropped == 1 and len(task._train) + len(task._eval) == 20
+    assert max(len(p.prompt_ids) for p in task.eval_problems()) <= 59
+    with pytest.raises(ValueError, match=r"huge.jsonl:1: prompt has 200001 tokens, over max_prompt_tokens=59"):
+        JsonlTask(tokenizer, path, max_prompt_tokens=59, long_prompts="refuse")
+    assert JsonlTask(tokenizer, path).dropped == 0  # no limit given: the core keeps every prompt
+
+
+@pytest.mark.parametrize(
+    ("asked", "new_tokens", "context", "limit"),
+    [(None, 5, 64, 59), (32, 5, 64, 32), (None, 5, None, None), (40, 5, None, 40),
+     (60, 5, 64, "at most 59 tokens of prompt"), (None, 64, 64, "leaves no room for a prompt")],
+)  # fmt: skip
+def test_the_prompt_limit_is_what_the_models_context_leaves(asked, new_tokens, context, limit):
+    from pipelines.spec import spec_from_dict
+    from pipelines.tasks import prompt_limit
+
+    spec = spec_from_dict({"task": {"max_prompt_tokens": asked}, "rollout": {"max_new_tokens": new_tokens}})
+    if isinstance(limit, str):
+        with pytest.raises(ValueError, match=limit):
+            prompt_limit(spec, context)
+    else:
+        assert prompt_limit(spec, context) == limit
