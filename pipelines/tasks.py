@@ -98,6 +98,13 @@ def build_task(spec: Any, tokenizer: Any, context: int | None = None) -> Any:
     """The spec's verifiable task; ``context``: the model's, which bounds a file's prompts
     (:func:`prompt_limit`)."""
     if spec.task.kind == "addition":
+        longest = 2 * spec.task.digits + 2 + 1  # "a+b=" and BOS
+        limit = prompt_limit(spec, context)
+        if limit is not None and longest > limit:
+            raise ValueError(
+                f"{spec.task.digits}-digit addition prompts ({longest} tokens) and rollout.max_new_tokens="
+                f"{spec.rollout.max_new_tokens} exceed the model's context of {context} positions"
+            )
         return AdditionTask(
             tokenizer, digits=spec.task.digits, seed=spec.seed, eval_size=spec.task.eval_size,
             eval_seed=spec.task.eval_seed,
