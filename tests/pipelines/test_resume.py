@@ -329,3 +329,38 @@ def test_a_run_killed_during_its_final_upload_is_finished_by_resume(store, tmp_p
     assert checkpoints(store, run_id).steps()[-1] == 12  # nothing trained, nothing rewritten
     again = asyncrlhf("resume", run_id)  # FINISHED now: nothing left to do
     assert again.returncode == 2 and "raise it" in again.stderr
+
+
+@pytest.mark.slow
+def test_a_sigkilled_ray_runs_cluster_ends_with_it(store, tmp_path):
+    """After SIGKILL of a Ray run, Ray's dashboard and runtime-env agents lived on for up
+    to a minute (they try to tell the dead GCS first). The run's watcher ends them."""
+    import psutil
+
+    runtime = {"kind": "ray", "num_cpus": 2, "torch_threads": 1, "rollout": {"num_cpus": 0.5},
+               "trainer": {"num_cpus": 1}}  # fmt: skip
+    spec = write_spec(tmp_path, runtime=runtime, trainer={**SPEC["trainer"], "steps": 4000, "checkpoint_every": 0})
+    run_id, process = start_run(spec, store)
+    while not curve(store, run_id, "loss/policy"):  # flushed metrics: the actors are training
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.05)
+    family = psutil.Process(process.pid).children(recursive=True)
+    names = " ".join(p.name() for p in family)
+    assert "raylet" in names and "gcs_server" in names and "_reaper" in " ".join(" ".join(p.cmdline()) for p in family)
+    process.kill()
+    process.wait(timeout=30)
+
+    def running() -> list[str]:
+        alive = []
+        for child in family:
+            try:
+                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(child.name())
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    deadline = time.monotonic() + patience(10)
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running() == [], running()
