@@ -39,7 +39,9 @@ def asyncrlhf(*args: str, timeout: float = 300) -> subprocess.CompletedProcess: 
 
 
 def runs(uri: str) -> list:  # type: ignore[type-arg]
-    client = MlflowClient(uri)
+    from pipelines.store import open_store
+
+    client = open_store(uri)  # under the store's lock: a run starting may be creating it just now
     experiment = client.get_experiment_by_name("resume")
     return [] if experiment is None else client.search_runs([experiment.experiment_id], order_by=["start_time"])
 

@@ -41,7 +41,9 @@ def sweep_runs(uri: str, experiment: str = "sweeps") -> tuple[object, list]:
 
 
 def trial_states(uri: str) -> list[str]:
-    client = MlflowClient(uri)
+    from pipelines.store import open_store
+
+    client = open_store(uri)  # under the store's lock: the sweep may be creating it just now
     experiment = client.get_experiment_by_name("sweeps")
     runs = [] if experiment is None else client.search_runs([experiment.experiment_id])
     return [r.info.status for r in runs if "mlflow.parentRunId" in r.data.tags]
