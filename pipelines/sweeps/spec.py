@@ -224,17 +224,24 @@ def load_sweep(
     if quick:
         if not data.get("quick"):
             raise SpecError(f"{path}: --quick, but the sweep has no 'quick' overrides")
-        # A key of the sweep (name, seeds, space…) changes the sweep; any other is one more
-        # override of its base experiment (trainer.steps=…).
-        own = [o for o in data["quick"] if o.partition("=")[0].split(".")[0] in SweepSpec.model_fields]
-        data = apply_overrides(data, own)
-        data["overrides"] = [*data.get("overrides", []), *(o for o in data["quick"] if o not in own)]
-    data = apply_overrides(data, overrides)
+        data = _override(data, data["quick"])
+    data = _override(data, overrides)
     try:
         sweep = SweepSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(f"{path}: {format_validation_error(err, data)}") from None
     return sweep, sweep_base(sweep, path.parent)
+
+
+def _override(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """A key of the sweep (name, seeds, space…) changes the sweep; any other is one more
+    override of its base experiment (``trainer.steps=20``), after the sweep's own."""
+    own = [o for o in overrides if o.partition("=")[0].split(".")[0] in SweepSpec.model_fields]
+    data = apply_overrides(data, own)
+    rest = [o for o in overrides if o not in own]
+    if rest and isinstance(data.get("overrides", []), list):
+        data["overrides"] = [*data.get("overrides", []), *rest]
+    return data
 
 
 def sweep_base(sweep: SweepSpec, folder: Path = Path(".")) -> dict[str, Any]:

@@ -530,3 +530,14 @@ def test_a_reopened_parent_run_drops_the_error_of_its_last_stop(store, tmp_path)
     assert parent_run(client, sweep, study, "memory") == first
     run = client.get_run(first)
     assert run.info.status == "RUNNING" and "error" not in run.data.tags
+
+
+def test_sweep_set_overrides_the_base_experiment_too(tmp_path):
+    """``asyncrlhf sweep … --set trainer.steps=20`` was refused (``trainer: unknown key``):
+    shortening a sweep meant rewriting its whole overrides list."""
+    path = write_sweep(tmp_path, name="shorter", method="grid", space={"orchestrator.lag": [0, 1]})
+    sweep, base = load_sweep(path, ["trainer.steps=20", "parallel=1", "seed=3"])
+    assert sweep.parallel == 1 and sweep.seed == 3  # the sweep's own fields
+    assert base["trainer"]["steps"] == 20 and sweep.overrides[-1] == "trainer.steps=20"  # after the file's own
+    with pytest.raises(SpecError, match=r"trainer\.stepz"):
+        load_sweep(path, ["trainer.stepz=20"])

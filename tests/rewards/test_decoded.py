@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -131,7 +132,14 @@ def test_the_pool_ends_with_its_process_on_exit_and_on_ctrl_c(ending, tmp_path):
             assert process.stdout.readline().strip() == "scoring"
             time.sleep(1.0)  # inside the hanging row
             process.send_signal(signal.SIGINT)
-        process.wait(timeout=patience(60))
+        try:
+            process.wait(timeout=patience(60))
+        except subprocess.TimeoutExpired:  # say how the child stood with signals, for the open case
+            status = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+            process.kill()
+            err.seek(0)
+            signals = [line for line in status if line.startswith(("State", "Sig", "Shd"))]
+            raise AssertionError(f"the child did not exit: {signals}; stderr: {err.read()[-2000:]}") from None
         process.stdout.close()
         err.seek(0)
         stderr = err.read()
