@@ -245,13 +245,7 @@ def warmstart(
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML file.", show_default=False)],
     set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            "-s",
-            help="Override a sweep field, or one of its base experiment "
-            "(trainer.steps=20): key.path=value (repeatable).",
-        ),
+        list[str] | None, typer.Option("--set", "-s", help="Override a sweep or base field: key.path=value.")
     ] = None,
     max_trials: Annotated[
         int | None, typer.Option(help="Start at most this many trials now; run the command again to resume.")
