@@ -147,12 +147,11 @@ class Checkpoints:
 def _write_error(err: Exception, folder: Path, step: int) -> Exception:
     """The OS error under a failed checkpoint write (torch reports ``unexpected pos`` or
     ``iostream error`` for a full disk), as one naming the folder and the step."""
-    cause: BaseException | None = err
-    while cause is not None and not isinstance(cause, OSError):
-        cause = cause.__context__ or cause.__cause__
+    from pipelines.storecheck import cause_of
+
+    cause = cause_of(err, OSError)
     if cause is None:
         return err
-    assert isinstance(cause, OSError)
     return OSError(cause.errno, f"cannot write the checkpoint of step {step} in {folder}: {cause.strerror or cause}")
 
 

@@ -13,16 +13,27 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from pipelines.specfile import SpecError
 
-__all__ = ["StoreError", "check_sqlite", "store_errors"]
+__all__ = ["StoreError", "cause_of", "check_sqlite", "store_errors"]
 
 _MAGIC = b"SQLite format 3\x00"
+E = TypeVar("E", bound=BaseException)
 
 
 class StoreError(SpecError):
     """A store's database cannot be used as it is (refused, like bad input: exit 2)."""
+
+
+def cause_of(err: BaseException, kind: type[E]) -> E | None:
+    """The first exception of type ``kind`` in ``err``'s chain (itself, what it was raised
+    from, what it was raised while handling), or None."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, kind):
+        cause = cause.__cause__ or cause.__context__
+    return cause
 
 
 def _restore(db: Path) -> str:
@@ -69,9 +80,7 @@ def store_errors(db: Path | None, what: str) -> Iterator[None]:
     except StoreError:
         raise
     except Exception as err:
-        cause: BaseException | None = err
-        while cause is not None and not isinstance(cause, sqlite3.DatabaseError):
-            cause = cause.__cause__ or cause.__context__
+        cause = cause_of(err, sqlite3.DatabaseError)
         if cause is None or db is None:
             raise
         raise StoreError(f"{db} ({what}) cannot be read ({type(cause).__name__}: {cause}): {_restore(db)}") from err

@@ -12,6 +12,7 @@ or exited without leaving the runtime) kills those still running.
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import sys
@@ -24,10 +25,10 @@ QUIT = b"q"  # what the driver writes when it shut Ray down itself
 
 def _descendants(driver: psutil.Process) -> dict[int, float]:
     """``pid → create time`` of the driver's descendants (but this process)."""
-    out = {}
+    out, me = {}, os.getpid()
     for child in driver.children(recursive=True):
         try:
-            if child.pid != psutil.Process().pid:
+            if child.pid != me:
                 out[child.pid] = child.create_time()
         except psutil.Error:
             continue

@@ -71,7 +71,7 @@ def _start_reaper() -> subprocess.Popen[bytes] | None:
 def _stop_reaper(reaper: subprocess.Popen[bytes]) -> None:
     assert reaper.stdin is not None
     try:
-        reaper.stdin.write(b"q")
+        reaper.stdin.write(b"q")  # _reaper.QUIT: Ray is down, nothing to kill
         reaper.stdin.close()
         reaper.wait(timeout=10)
     except (OSError, subprocess.TimeoutExpired):

@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["LongPrompts", "Problem", "Task", "answer_variants", "encode_problem"]
+__all__ = ["LongPrompts", "Problem", "Task", "answer_variants", "encode_problem", "plain_prompt_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +93,16 @@ class Task(Protocol):
         ...
 
 
+def plain_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """A prompt's token ids without a chat template: BOS (if the tokenizer has one) + text."""
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    return bos + tokenizer.encode(prompt, add_special_tokens=False)
+
+
 def encode_problem(tokenizer: object, prompt_id: Hashable, prompt: str, answer: str, variants: bool = False) -> Problem:
     """Tokenise a prompt (with BOS) and an answer (no specials) into a Problem; with
     ``variants``, also the answer's other tokenizations (:func:`answer_variants`)."""
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
-    prompt_ids = bos + tokenizer.encode(prompt, add_special_tokens=False)
+    prompt_ids = plain_prompt_ids(tokenizer, prompt)
     answer_ids = tokenizer.encode(answer, add_special_tokens=False)
     others = answer_variants(tokenizer, prompt, answer)[1:] if variants else []
     return Problem(

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 
 from asyncrlhf._checks import check_nonnegative_int
-from asyncrlhf.tasks.base import LongPrompts, Problem, answer_variants
+from asyncrlhf.tasks.base import LongPrompts, Problem, answer_variants, plain_prompt_ids
 from asyncrlhf.tasks.jsonl import json_line, read_utf8, unrepresentable
 
 __all__ = ["DatasetTask", "read_records"]
@@ -128,8 +128,7 @@ class DatasetTask:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
             return list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                                 return_dict=False))  # fmt: skip
-        bos = [tok.bos_token_id] if getattr(tok, "bos_token_id", None) is not None else []
-        return bos + tok.encode(prompt, add_special_tokens=False)
+        return plain_prompt_ids(tok, prompt)
 
     @property
     def dropped(self) -> int:

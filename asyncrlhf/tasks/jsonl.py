@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncrlhf._checks import check_nonnegative_int
-from asyncrlhf.tasks.base import LongPrompts, Problem, encode_problem
+from asyncrlhf.tasks.base import LongPrompts, Problem, encode_problem, plain_prompt_ids
 
 __all__ = ["JsonlTask", "json_line", "read_utf8", "unrepresentable"]
 
@@ -78,9 +78,7 @@ class JsonlTask:
         for lineno, line in enumerate(read_utf8(path).splitlines(), start=1):
             if line.strip():
                 row = self._row(json_line(path, lineno, line), f"{path}:{lineno}", f"{path.name}:{lineno}")
-                bos = int(getattr(self.tokenizer, "bos_token_id", None) is not None)
-                tokens = bos + len(self.tokenizer.encode(row[1], add_special_tokens=False))
-                if self.long.keep(f"{path}:{lineno}", tokens):
+                if self.long.keep(f"{path}:{lineno}", len(plain_prompt_ids(self.tokenizer, row[1]))):
                     rows.append(row)
         self.long.done(path, len(rows))
         return rows

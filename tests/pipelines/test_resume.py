@@ -75,6 +75,18 @@ def start_run(spec: Path, uri: str) -> tuple[str, subprocess.Popen]:  # type: ig
     raise AssertionError("no run appeared")
 
 
+def start_training(spec: Path, uri: str) -> tuple[str, subprocess.Popen]:  # type: ignore[type-arg]
+    """:func:`start_run`, returning once the run's first metrics are flushed: it is training."""
+    run_id, process = start_run(spec, uri)
+    while not curve(uri, run_id, "loss/policy"):
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.02)
+    return run_id, process
+
+
+RAY = {"kind": "ray", "num_cpus": 2, "torch_threads": 1, "rollout": {"num_cpus": 0.5}, "trainer": {"num_cpus": 1}}
+
+
 def signal_after_checkpoint(run_id: str, process: subprocess.Popen, uri: str, sig: int) -> list[int]:  # type: ignore[type-arg]
     """Send ``sig`` as soon as the run has written a checkpoint; the steps checkpointed then."""
     store = checkpoints(uri, run_id)
@@ -148,10 +160,7 @@ def test_a_resumed_run_does_not_log_an_evaluation_twice(store, tmp_path):
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_marks_the_run_killed_then_a_finished_run_continues(store, tmp_path):
     spec = write_spec(tmp_path, trainer={**SPEC["trainer"], "checkpoint_every": 100})
-    run_id, process = start_run(spec, store)
-    while not curve(store, run_id, "loss/policy"):  # flushed metrics: it is training
-        assert process.poll() is None
-        time.sleep(0.01)
+    run_id, process = start_training(spec, store)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=patience(120))
     assert process.returncode == 143, stderr[-2000:]
@@ -213,13 +222,8 @@ def test_only_the_newest_checkpoints_are_kept_and_a_half_written_one_is_invisibl
 def test_sigterm_to_a_ray_run_stops_it_like_ctrl_c(store, tmp_path):
     """ray.init replaces the driver's SIGTERM handler with sys.exit(15): the run used to end
     FAILED with ``SystemExit: 15`` and native stack dumps. Now it is checkpointed and KILLED."""
-    runtime = {"kind": "ray", "num_cpus": 2, "torch_threads": 1, "rollout": {"num_cpus": 0.5},
-               "trainer": {"num_cpus": 1}}  # fmt: skip
-    spec = write_spec(tmp_path, runtime=runtime, trainer={**SPEC["trainer"], "steps": 400, "checkpoint_every": 100})
-    run_id, process = start_run(spec, store)
-    while not curve(store, run_id, "loss/policy"):  # flushed metrics: the actors are training
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        time.sleep(0.05)
+    spec = write_spec(tmp_path, runtime=RAY, trainer={**SPEC["trainer"], "steps": 400, "checkpoint_every": 100})
+    run_id, process = start_training(spec, store)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=patience(120))
     assert process.returncode == 143, stderr[-2000:]
@@ -339,13 +343,8 @@ def test_a_sigkilled_ray_runs_cluster_ends_with_it(store, tmp_path):
     to a minute (they try to tell the dead GCS first). The run's watcher ends them."""
     import psutil
 
-    runtime = {"kind": "ray", "num_cpus": 2, "torch_threads": 1, "rollout": {"num_cpus": 0.5},
-               "trainer": {"num_cpus": 1}}  # fmt: skip
-    spec = write_spec(tmp_path, runtime=runtime, trainer={**SPEC["trainer"], "steps": 4000, "checkpoint_every": 0})
-    run_id, process = start_run(spec, store)
-    while not curve(store, run_id, "loss/policy"):  # flushed metrics: the actors are training
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        time.sleep(0.05)
+    spec = write_spec(tmp_path, runtime=RAY, trainer={**SPEC["trainer"], "steps": 4000, "checkpoint_every": 0})
+    _, process = start_training(spec, store)
     family = psutil.Process(process.pid).children(recursive=True)
     names = " ".join(p.name() for p in family)
     assert "raylet" in names and "gcs_server" in names and "_reaper" in " ".join(" ".join(p.cmdline()) for p in family)
