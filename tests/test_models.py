@@ -90,8 +90,8 @@ def test_the_shipped_checkpoint_has_its_documented_greedy_accuracy_exactly():
     # setting tried (native AVX-512, ATEN_CPU_CAPABILITY=avx2 and =default, each with
     # MKL and oneDNN capped alike gave the same 200 responses, byte for byte). The run's
     # seed does not move the held-out problems (task.eval_seed does).
+    from pipelines.run.warmstart import greedy_accuracy
     from pipelines.spec import ExperimentSpec
-    from pipelines.warmstart import greedy_accuracy
 
     accuracy = greedy_accuracy(shipped_policy(), ExperimentSpec(seed=3))
     assert accuracy == SHIPPED_ACCURACY

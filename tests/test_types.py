@@ -48,3 +48,15 @@ def test_experience_validates_its_fields():
 def test_collate_refuses_an_empty_list():
     with pytest.raises(ValueError, match="experiences"):
         collate([], pad_token_id=0)
+
+
+def test_pad_rows_is_pad_sequence_on_either_side():
+    from torch.nn.utils.rnn import pad_sequence
+
+    from asyncrlhf.types import pad_rows
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 50, (int(n),), generator=g) for n in torch.randint(1, 20, (64,), generator=g)]
+    for side in ("left", "right"):
+        expected = pad_sequence(rows, batch_first=True, padding_value=7, padding_side=side)
+        assert torch.equal(pad_rows(rows, 7, left=side == "left"), expected)

@@ -137,8 +137,12 @@ class LockedBuffer:
 
     def _counter_state(self) -> dict[str, int]:
         """The accounting counters, for a checkpoint (call with the lock held)."""
-        return {"pushed": self._pushed, "sampled": self._sampled, "dropped_overflow": self._dropped_overflow,
-                "evicted_stale": self._evicted_stale}  # fmt: skip
+        return {
+            "pushed": self._pushed,
+            "sampled": self._sampled,
+            "dropped_overflow": self._dropped_overflow,
+            "evicted_stale": self._evicted_stale,
+        }
 
     def _restore_counters(self, counters: dict[str, int]) -> None:
         self._pushed, self._sampled = int(counters["pushed"]), int(counters["sampled"])

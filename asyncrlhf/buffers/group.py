@@ -7,8 +7,8 @@ from collections.abc import Hashable
 from typing import Any
 
 from asyncrlhf._checks import check_positive_int
+from asyncrlhf.advantages import Estimator, get_advantage
 from asyncrlhf.buffers.base import LockedBuffer, StalenessRule
-from asyncrlhf.losses.grpo import group_advantages_scalar
 from asyncrlhf.types import Experience
 
 __all__ = ["GroupAwareReplayBuffer"]
@@ -18,12 +18,12 @@ class GroupAwareReplayBuffer(LockedBuffer):
     """Collects ``group_size`` experiences per ``prompt_id``; serves complete groups.
 
     When a prompt's G-th experience arrives, the group's advantages are computed with
-    :func:`~asyncrlhf.losses.group_advantages` and written to each experience's
-    ``advantage``; the group then moves to the ready queue (at most ``max_groups``;
-    overflow drops the oldest ready group). Prompts may interleave freely; at most
-    ``max_groups`` groups wait incomplete too (a prompt whose group never completes
-    would be held forever): a new prompt beyond that drops the oldest incomplete group,
-    counted in ``dropped_overflow``.
+    the ``advantage`` estimator (GRPO's :func:`~asyncrlhf.losses.group_advantages` by
+    default) and written to each experience's ``advantage``; the group then moves to
+    the ready queue (at most ``max_groups``; overflow drops the oldest ready group).
+    Prompts may interleave freely; at most ``max_groups`` groups wait incomplete too (a
+    prompt whose group never completes would be held forever): a new prompt beyond that
+    drops the oldest incomplete group, counted in ``dropped_overflow``.
 
     With ``max_staleness`` (and a ``version`` source), stale experiences are refused at
     push, and a group is evicted whole — pending or ready — once its oldest member is
@@ -38,7 +38,10 @@ class GroupAwareReplayBuffer(LockedBuffer):
         max_groups: capacity of the ready queue, in groups.
         max_staleness: the largest τ accepted, or None for no staleness bound.
         version: VersionManager or zero-arg callable; required with ``max_staleness``.
-        scale_advantages: divide by the group std (GRPO) or not (Dr. GRPO).
+        advantage: the estimator applied to each group as it completes (a registered
+            name or :class:`~asyncrlhf.advantages.Estimator`), or None to leave
+            advantages to the consumer (a runtime applies its estimator to the whole
+            trainer batch, so that batch-level ones such as REINFORCE++ work).
     """
 
     def __init__(
@@ -47,7 +50,7 @@ class GroupAwareReplayBuffer(LockedBuffer):
         max_groups: int = 1024,
         max_staleness: int | None = None,
         version: object | None = None,
-        scale_advantages: bool = True,
+        advantage: str | Estimator | None = "grpo",
     ) -> None:
         super().__init__()
         self.group_size = check_positive_int("group_size", group_size)
@@ -55,7 +58,7 @@ class GroupAwareReplayBuffer(LockedBuffer):
         if max_staleness is not None and version is None:
             raise ValueError("version is required when max_staleness is set")
         self._rule = None if max_staleness is None else StalenessRule(max_staleness, version)
-        self.scale_advantages = scale_advantages
+        self.advantage = None if advantage is None else get_advantage(advantage)
         self._pending: dict[Hashable, list[Experience]] = {}
         self._pending_count = 0
         self._ready: deque[list[Experience]] = deque()
@@ -135,11 +138,10 @@ class GroupAwareReplayBuffer(LockedBuffer):
         return sum(len(group) for group in out)
 
     def _complete(self, group: list[Experience]) -> None:
-        # G host floats: the scalar twin of group_advantages, without tensor overhead
-        # under the lock (tens of µs per group otherwise).
-        advantages = group_advantages_scalar([e.reward for e in group], scale=self.scale_advantages)
-        for exp, adv in zip(group, advantages, strict=True):
-            exp.advantage = adv
+        if self.advantage is not None:  # G host floats: no tensor overhead under the lock
+            (advantages,) = self.advantage([[e.reward for e in group]])
+            for exp, adv in zip(group, advantages, strict=True):
+                exp.advantage = adv
         if len(self._ready) >= self.max_groups:
             self._dropped_overflow += len(self._ready.popleft())
         self._ready.append(group)

@@ -6,7 +6,15 @@ The only part of the core that imports ``ray``; nothing else imports this packag
 
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
 from asyncrlhf.distributed.orchestrator import RayOrchestrator, WeightRecord
-from asyncrlhf.distributed.resources import ActorResources
+from asyncrlhf.distributed.resources import ActorResources, RayLayout
 from asyncrlhf.distributed.runtime import ray_runtime
 
-__all__ = ["ActorResources", "RayOrchestrator", "RolloutActor", "TrainerActor", "WeightRecord", "ray_runtime"]
+__all__ = [
+    "ActorResources",
+    "RayLayout",
+    "RayOrchestrator",
+    "RolloutActor",
+    "TrainerActor",
+    "WeightRecord",
+    "ray_runtime",
+]

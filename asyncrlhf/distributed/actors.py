@@ -28,9 +28,9 @@ import torch
 
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.orchestration.evaluate import Evaluation
-from asyncrlhf.orchestration.schedule import Schedule, TrainerSide
+from asyncrlhf.orchestration.runtime import RunConfig
+from asyncrlhf.orchestration.schedule import TrainerSide
 from asyncrlhf.orchestration.weights import Snapshot
-from asyncrlhf.rollout.worker import RolloutWorker
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience
 
@@ -50,37 +50,18 @@ class RolloutActor:
     Args:
         name: the worker's name on the timeline (``rollout-<i>``).
         engine_factory: builds the engine (its model loaded from a path all nodes see).
-        reward_fn: ``fn(generated_ids, answers, eos_token_id) -> Tensor[B]``.
-        group_size: completions per prompt.
-        eos_token_id, pad_token_id: of the tokenizer.
+        config: the run's :class:`~asyncrlhf.orchestration.RunConfig` (its trainer view:
+            reward, group size, token ids, weight verification).
         torch_threads: intra-op threads of this process.
-        verify_weights: check the engine's checksum after every load.
     """
 
     def __init__(
-        self,
-        name: str,
-        engine_factory: Callable[[], Any],
-        reward_fn: Callable[..., torch.Tensor],
-        group_size: int,
-        eos_token_id: int,
-        pad_token_id: int,
-        torch_threads: int | None = None,
-        verify_weights: bool = True,
+        self, name: str, engine_factory: Callable[[], Any], config: RunConfig, torch_threads: int | None = None
     ) -> None:
         _set_threads(torch_threads)
         self.name = name
         self.events: list[Event] = []
-        self.worker = RolloutWorker(
-            engine_factory(),
-            reward_fn,
-            group_size,
-            eos_token_id,
-            pad_token_id,
-            verify_weights,
-            name,
-            on_event=lambda *event: self.events.append(event),
-        )
+        self.worker = config.rollout_worker(engine_factory(), name, lambda *event: self.events.append(event))
         # A fresh (or restarted) process holds the engine's initial weights, whatever
         # version they claim: the first chunk always loads and verifies.
         self.loaded: int | None = None
@@ -108,9 +89,7 @@ class RolloutActor:
             self.events.append((self.name, "wait", start, time.time()))
             self.checksum = self.worker.load_snapshot(Snapshot(version, state, checksum))
             self.loaded = version
-        reseed = getattr(self.worker.engine, "reseed", None)  # optional: EngineBase has it
-        if reseed is not None:
-            reseed(seed)
+        self.worker.engine.reseed(seed)
         experiences = self.worker.generate_batch(problems, key)
         meta = {
             "worker": self.name,
@@ -125,38 +104,22 @@ class RolloutActor:
 
 class TrainerActor:
     """The trainer process: the run's :class:`~asyncrlhf.orchestration.schedule.TrainerSide`
-    (trainer, replay buffer, evaluation) and the publication of weights to the object store.
+    (trainer, replay buffer, advantages, evaluation) and the publication of weights to
+    the object store.
 
     Args:
         trainer_factory: builds the :class:`~asyncrlhf.training.TrainerWorker`.
-        schedule: the run's schedule.
-        eval_problems, max_new_tokens: held-out greedy evaluation.
-        eos_token_id, pad_token_id: of the tokenizer.
-        scale_advantages: GRPO's std scaling.
+        config: the run's :class:`~asyncrlhf.orchestration.RunConfig` (its trainer view).
         torch_threads: intra-op threads of this process.
     """
 
-    def __init__(
-        self,
-        trainer_factory: Callable[[], Any],
-        schedule: Schedule,
-        eval_problems: list[Problem],
-        max_new_tokens: int,
-        eos_token_id: int,
-        pad_token_id: int,
-        scale_advantages: bool = True,
-        torch_threads: int | None = None,
-        eval_scorer: Callable[..., Any] | None = None,
-    ) -> None:
+    def __init__(self, trainer_factory: Callable[[], Any], config: RunConfig, torch_threads: int | None = None) -> None:
         _set_threads(torch_threads)
         self.trainer = trainer_factory()
-        self.prompts_per_step = schedule.prompts_per_step
+        self.prompts_per_step = config.schedule.prompts_per_step
         self.events: list[Event] = []
         self.published: tuple[int, str, list[Any]] | None = None
-        self.side = TrainerSide(
-            self.trainer, schedule, self._put, lambda *event: self.events.append(event), eval_problems, eos_token_id,
-            pad_token_id, max_new_tokens, scale_advantages, eval_scorer,
-        )  # fmt: skip
+        self.side = TrainerSide(self.trainer, config, self._put, lambda *event: self.events.append(event))
 
     def _put(self) -> None:
         import ray
@@ -184,8 +147,14 @@ class TrainerActor:
                 f"{self.prompts_per_step} groups: data outside the staleness bound reached the trainer"
             )
         metrics, staleness, samples, evaluation = self.side.step(step, groups)
-        out = {"metrics": metrics, "staleness": staleness, "published": self.published, "events": self.events,
-               "samples": samples, "evaluation": evaluation}  # fmt: skip
+        out = {
+            "metrics": metrics,
+            "staleness": staleness,
+            "published": self.published,
+            "events": self.events,
+            "samples": samples,
+            "evaluation": evaluation,
+        }
         self.published, self.events = None, []
         return out
 

@@ -26,6 +26,7 @@ restart while the actor was idle is caught by its new process id.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
@@ -37,10 +38,9 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
-from asyncrlhf.distributed.resources import ActorResources, check_capacity
-from asyncrlhf.orchestration.evaluate import EvalCallback
-from asyncrlhf.orchestration.history import RunHistory
-from asyncrlhf.orchestration.schedule import MetricsCallback, Schedule, StepRecorder
+from asyncrlhf.distributed.resources import RayLayout, check_capacity
+from asyncrlhf.orchestration.evaluate import Evaluation
+from asyncrlhf.orchestration.runtime import AfterStep, RunConfig, RuntimeBase
 from asyncrlhf.orchestration.weights import WeightStore
 from asyncrlhf.tasks.base import Problem
 
@@ -97,106 +97,78 @@ class _RunState:
     next_train: int = 0  # the next trainer step to finish
 
 
-class RayOrchestrator:
-    """Runs one experiment on a Ray cluster (``ray.init`` must have been called).
+class RayOrchestrator(RuntimeBase):
+    """Runs one experiment on a Ray cluster (``ray.init`` must have been called), a
+    :class:`~asyncrlhf.orchestration.runtime.Runtime`.
 
     Args:
         engine_factory: ``fn(worker_index) -> engine``, called inside each rollout actor.
         trainer_factory: ``fn() -> TrainerWorker``, called inside the trainer actor.
-        problems: training problems (drawn by the driver, sent with each chunk).
-        reward_fn, eos_token_id, pad_token_id, schedule, scale_advantages, verify_weights,
-            on_metrics, timeout_s, on_eval, eval_scorer: as for the in-process
-            :class:`~asyncrlhf.orchestration.Orchestrator`.
-        eval_problems: held-out problems, evaluated greedily in the trainer actor.
-        max_new_tokens: response cap of the greedy evaluation.
-        workers: number of rollout actors.
-        rollout_resources, trainer_resources: per-actor CPUs, GPUs, torch threads.
-        max_restarts: how often each rollout actor may be restarted.
-        seed: seeds each chunk's sampling, so ``sync`` and ``lagged`` runs are
-            reproducible whichever worker draws which chunk (and after a restart).
+        config: the run's :class:`~asyncrlhf.orchestration.RunConfig` (problems are
+            drawn by the driver and sent with each chunk; the held-out evaluation runs
+            in the trainer actor).
+        layout: workers, per-actor resources, restarts, the chunks' sampling seed.
     """
 
     def __init__(
         self,
         engine_factory: Callable[[int], Any],
         trainer_factory: Callable[[], Any],
-        problems: Iterator[Problem],
-        reward_fn: Callable[..., Any],
-        eos_token_id: int,
-        pad_token_id: int,
-        schedule: Schedule,
-        eval_problems: list[Problem] | None = None,
-        max_new_tokens: int = 16,
-        scale_advantages: bool = True,
-        verify_weights: bool = True,
-        on_metrics: MetricsCallback | None = None,
-        timeout_s: float = 600.0,
-        workers: int = 2,
-        rollout_resources: ActorResources = ActorResources(),
-        trainer_resources: ActorResources = ActorResources(),
-        max_restarts: int = 3,
-        seed: int = 0,
-        on_eval: EvalCallback | None = None,
-        eval_scorer: Callable[..., Any] | None = None,
+        config: RunConfig,
+        layout: RayLayout = RayLayout(),
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
-        self.schedule = schedule
-        self.num_workers = check_positive_int("workers", workers)
-        self.max_restarts = check_nonnegative_int("max_restarts", max_restarts)
-        check_capacity(workers, rollout_resources, trainer_resources)
-        self.problems = problems
-        self.on_metrics = on_metrics
-        self.timeout_s = timeout_s
-        self.seed = seed
-
+        super().__init__(config)
+        self.num_workers = check_positive_int("workers", layout.workers)
+        self.max_restarts = check_nonnegative_int("max_restarts", layout.max_restarts)
+        check_capacity(layout.workers, layout.rollout, layout.trainer)
+        self.seed = layout.seed
         trainer_cls = ray.remote(max_restarts=0)(TrainerActor)
-        self.trainer = trainer_cls.options(
-            num_cpus=trainer_resources.num_cpus, num_gpus=trainer_resources.num_gpus
-        ).remote(
-            trainer_factory, self.schedule, eval_problems or [], max_new_tokens, eos_token_id, pad_token_id,
-            scale_advantages, trainer_resources.threads(), eval_scorer,
-        )  # fmt: skip
-        rollout_cls = ray.remote(max_restarts=max_restarts, max_task_retries=0)(RolloutActor)
+        self.trainer = trainer_cls.options(num_cpus=layout.trainer.num_cpus, num_gpus=layout.trainer.num_gpus).remote(
+            trainer_factory, config.for_trainer(), layout.trainer.threads()
+        )
+        rollout_cls = ray.remote(max_restarts=layout.max_restarts, max_task_retries=0)(RolloutActor)
+        resources = layout.rollout
         self.workers = [_Worker(i, None) for i in range(self.num_workers)]
         for worker in self.workers:
-            worker.handle = rollout_cls.options(
-                num_cpus=rollout_resources.num_cpus, num_gpus=rollout_resources.num_gpus
-            ).remote(
-                worker.name, _Bound(engine_factory, worker.index), reward_fn, schedule.group_size, eos_token_id,
-                pad_token_id, rollout_resources.threads(), verify_weights,
-            )  # fmt: skip
+            worker.handle = rollout_cls.options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus).remote(
+                worker.name, _Bound(engine_factory, worker.index), config.for_trainer(), resources.threads()
+            )
         self.rollout_actors = [w.handle for w in self.workers]
         self.weight_log: list[WeightRecord] = []
         self.trainer_checksums: dict[int, str] = {}
         self.restarts = 0
-        self.published = WeightStore(keep=schedule.keep)  # snapshots of [object ref]
-        self.recorder = StepRecorder(schedule.mode, on_metrics, on_eval)
-        self._restored = False
+        self.published = WeightStore(keep=self.schedule.keep)  # snapshots of [object ref]
         self._run: _RunState | None = None
+        self._begin = self._startup = 0.0
+        self._closed = False
 
-    # ------------------------------------------------------------------ run
-    def run(self, num_steps: int, after_step: Callable[[int], None] | None = None) -> RunHistory:
-        """Train until ``num_steps`` trainer steps are done (counting those before a
-        :meth:`restore`); returns the run's history. ``after_step(steps_done)`` runs on
-        the driver after every step."""
-        check_positive_int("num_steps", num_steps)
-        recorder = self.recorder
+    # ------------------------------------------------------------ run hooks
+    def _publish_initial(self) -> None:
         # Actors build their models in the background; throughput and bubbles are
         # measured from the moment all of them are up (start-up is reported apart).
-        begin = time.time()
-        if not self._restored:
-            self._add_published(self._get(self.trainer.publish.remote()))
+        self._begin = time.time()
+        self._add_published(self._get(self.trainer.publish.remote()))
+
+    def _ready(self) -> None:
+        self._begin = self._begin or time.time()  # a restored run publishes nothing first
         for worker in self.workers:
             worker.pid = self._get(worker.handle.pid.remote())
-        recorder.begin(keep_elapsed=self._restored)
-        startup = recorder.t0 - begin
-        if self.schedule.eval_every and not self._restored:
-            recorder.initial(self._get(self.trainer.evaluate.remote()))
+        self._startup = time.time() - self._begin
 
-        done = recorder.steps_done
+    def _evaluate(self) -> Evaluation:
+        return self._get(self.trainer.evaluate.remote())
+
+    def _workers(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    def _summary(self) -> dict[str, float]:
+        return {"faults/rollout_restarts": float(self.restarts), "time/startup_s": self._startup}
+
+    def _loop(self, first: int, num_steps: int, after_step: AfterStep | None) -> None:
         run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))
-        run.enqueued = run.next_submit = run.next_train = done
+        run.enqueued = run.next_submit = run.next_train = first
         self._run = run
         while run.next_train < num_steps:
             self._dispatch(run)
@@ -211,13 +183,11 @@ class RayOrchestrator:
             if head and ready[0] == head[0]:
                 self._trained(run)
                 if after_step is not None:
-                    after_step(recorder.steps_done)
+                    after_step(self.recorder.steps_done)
             elif ready[0] in run.probes:
                 self._probed(run, ready[0])
             else:
                 self._chunk_done(run, ready[0])
-        extra = {"faults/rollout_restarts": float(self.restarts), "time/startup_s": startup}
-        return recorder.finish([w.name for w in self.workers], extra)
 
     def _submit(self, run: _RunState) -> None:
         """Hand the trainer the next batch as soon as all its chunks are in. Up to two
@@ -233,7 +203,7 @@ class RayOrchestrator:
         """Hand chunks to idle workers, in order, as far as published weights allow."""
         while run.idle:
             if not run.queue and run.enqueued < run.num_steps:
-                run.queue.extend(_Chunk(run.enqueued, c, self._draw(n)) for c, n in enumerate(run.sizes))
+                run.queue.extend(_Chunk(run.enqueued, c, self.draw(n)) for c, n in enumerate(run.sizes))
                 run.enqueued += 1
             if not run.queue:
                 return
@@ -284,51 +254,44 @@ class RayOrchestrator:
         """The trained policy's weights (fetched from the trainer actor)."""
         return self._get(self.trainer.policy_state.remote())
 
-    def checkpoint(self, write: Callable[[dict[str, Any]], None]) -> None:
-        """Call ``write(state)`` with the run state after the last finished step (call it
-        from ``after_step``). Trainer steps already queued on the actor finish first, so
-        the state is that of a step boundary; chunks in flight are not kept: a restored
-        run generates those batches again (the same samples in ``sync``/``lagged``, each
-        chunk being seeded by its batch)."""
+    @contextlib.contextmanager
+    def _pause(self) -> Iterator[None]:
+        """Trainer steps already queued on the actor finish first, so the state is that of
+        a step boundary; chunks in flight are not kept: a restored run generates those
+        batches again (the same samples in ``sync``/``lagged``, each chunk being seeded by
+        its batch)."""
         run = self._run
-        while run.training:  # a queued step finishes: the checkpoint follows it
+        while run is not None and run.training:  # a queued step finishes: the checkpoint follows it
             self._trained(run)
-        ring = [(version, self._get(ref[0]), checksum) for version, ref, checksum in self.published.state_dict()]
-        write({
-            "steps_done": self.recorder.steps_done,
-            "trainer": self._get(self.trainer.state.remote()),
-            "weights": ring,
-            "rollout": {"problems_drawn": self.recorder.steps_done * self.schedule.prompts_per_step},
-            "record": self.recorder.state_dict(),
-            "restarts": self.restarts,
-        })  # fmt: skip
+        yield
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Put a :meth:`checkpoint` back before :meth:`run`: the trainer actor's state,
-        the published ring (put into the object store again), the prompt stream."""
-        if self._restored or self.recorder.steps_done:
-            raise RuntimeError("restore() needs a freshly built orchestrator that has not run")
+    def _own_state(self) -> dict[str, Any]:
+        ring = [(version, self._get(ref[0]), checksum) for version, ref, checksum in self.published.state_dict()]
+        return {"trainer": self._get(self.trainer.state.remote()), "weights": ring, "restarts": self.restarts}
+
+    def _drawn_at_checkpoint(self) -> int:
+        return self.recorder.steps_done * self.schedule.prompts_per_step
+
+    def _load_own_state(self, state: dict[str, Any]) -> None:
+        """The trainer actor's state and the published ring (put into the object store again)."""
         self._get(self.trainer.restore.remote(state["trainer"]))
         for version, weights, checksum in state["weights"]:
             self._add_published((int(version), checksum, [ray.put(weights)]))
-        for _ in range(int(state["rollout"]["problems_drawn"])):  # the stream is deterministic: replay it
-            next(self.problems)
-        self.recorder.load_state_dict(state["record"])
         self.restarts = int(state["restarts"])
-        self._restored = True
 
     def buffer_stats(self) -> dict[str, int]:
         """The trainer's buffer counters (pushed, sampled, dropped, evicted, size)."""
         return self._get(self.trainer.buffer_stats.remote())
 
-    def shutdown(self) -> None:
-        """Kill the actors (their resources return to the cluster)."""
-        for handle in [self.trainer, *self.rollout_actors]:
-            ray.kill(handle, no_restart=True)
+    def close(self) -> None:
+        """Kill the actors (their resources return to the cluster), then close the reward."""
+        if not self._closed:
+            self._closed = True
+            for handle in [self.trainer, *self.rollout_actors]:
+                ray.kill(handle, no_restart=True)
+        super().close()
 
     # ------------------------------------------------------------ helpers
-    def _draw(self, n: int) -> list[Problem]:
-        return [next(self.problems) for _ in range(n)]
 
     def _get(self, ref: Any) -> Any:
         return ray.get(ref, timeout=self.timeout_s)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import ray
 
-__all__ = ["ActorResources", "check_capacity"]
+__all__ = ["ActorResources", "RayLayout", "check_capacity"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,25 @@ class ActorResources:
 
     def threads(self) -> int:
         return self.torch_threads or max(1, int(self.num_cpus))
+
+
+@dataclass(frozen=True)
+class RayLayout:
+    """How a Ray run lays out on the cluster.
+
+    Args:
+        workers: number of rollout actors.
+        rollout, trainer: what each rollout actor and the trainer actor reserve.
+        max_restarts: how often each rollout actor may be restarted.
+        seed: seeds each chunk's sampling, so ``sync`` and ``lagged`` runs are
+            reproducible whichever worker draws which chunk (and after a restart).
+    """
+
+    workers: int = 2
+    rollout: ActorResources = ActorResources()
+    trainer: ActorResources = ActorResources()
+    max_restarts: int = 3
+    seed: int = 0
 
 
 def check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources) -> None:

@@ -41,8 +41,13 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = 2, num_gpus: 
     else:
         # A local cluster names this machine by its loopback address: Ray versions that
         # bind their servers to the node's address then listen on 127.0.0.1 only.
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING,
-                 _node_ip_address="127.0.0.1")  # fmt: skip
+        ray.init(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            _node_ip_address="127.0.0.1",
+        )
     reaper = None if address else _start_reaper()
     if on_sigterm is not None:
         signal.signal(signal.SIGTERM, on_sigterm)

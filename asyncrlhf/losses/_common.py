@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGGS = get_args(LossAgg)
 # |log r| is bounded before exp() (as verl's compute_policy_loss bounds it): e^20 ≈ 5e8 is
 # far beyond any ratio a real batch trains on, so nothing changes there, while a runaway
 # token (behaviour log-prob −inf, a log-ratio of 100) gives a finite loss and gradient in

@@ -17,6 +17,7 @@ With π_prox = π_behav (on-policy data) it is PPO exactly.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -34,12 +35,24 @@ from asyncrlhf.losses._common import (
     ratio_metrics,
     to_floats,
 )
+from asyncrlhf.losses.options import ClipOptions, option
 from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["compute_decoupled_ppo_loss"]
 
 
-@register_policy_loss("decoupled_ppo", row_separable=True)
+@dataclass
+class DecoupledPPOOptions(ClipOptions):
+    """Decoupled PPO: the clip around the proximal policy, a behaviour weight for
+    staleness (AReaL, arXiv 2505.24298)."""
+
+    behav_cap: float | None = option(None, "Cap on the behaviour weight π_prox/π_behav (None: none).", gt=0)
+    behav_cap_mode: Literal["truncate", "mask"] = option(
+        "truncate", "'truncate': min(w, cap) (truncated IS); 'mask': drop tokens above the cap (AReaL)."
+    )
+
+
+@register_policy_loss("decoupled_ppo", row_separable=True, options=DecoupledPPOOptions)
 def compute_decoupled_ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -112,8 +125,9 @@ def _check_options(
 
 
 def _check_cap(behav_cap: float | None, behav_cap_mode: str) -> None:
-    if behav_cap is not None and (isinstance(behav_cap, bool) or not isinstance(behav_cap, int | float)
-                                  or not behav_cap > 0):  # fmt: skip
+    if behav_cap is not None and (
+        isinstance(behav_cap, bool) or not isinstance(behav_cap, int | float) or not behav_cap > 0
+    ):
         raise ValueError(f"behav_cap must be a positive number or None, got {behav_cap!r}")
     if behav_cap_mode not in ("truncate", "mask"):
         raise ValueError(f"behav_cap_mode must be 'truncate' or 'mask', got {behav_cap_mode!r}")

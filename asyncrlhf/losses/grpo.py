@@ -10,7 +10,7 @@ KL to a frozen reference with Schulman's k3 estimator, exp(q − p) − (q − p
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 
@@ -28,9 +28,10 @@ from asyncrlhf.losses._common import (
     ratio_metrics,
     to_floats,
 )
+from asyncrlhf.losses.options import ClipOptions, option
 from asyncrlhf.losses.registry import register_policy_loss
 
-__all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages", "group_advantages_scalar"]
+__all__ = ["LossAgg", "aggregate", "compute_grpo_loss", "group_advantages"]
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8, scale: bool = True) -> torch.Tensor:
@@ -66,34 +67,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-8, 
     return torch.where(constant, torch.zeros_like(centred), centred).view_as(rewards)
 
 
-def group_advantages_scalar(rewards: list[float], eps: float = 1e-8, scale: bool = True) -> list[float]:
-    """:func:`group_advantages` of one group of host floats, in float64 Python.
-
-    For code that holds a handful of scalars (a buffer completing a group): the same
-    formula without tensor overhead.
-
-    >>> group_advantages_scalar([1.0, 0.0], scale=False)
-    [0.5, -0.5]
-    """
-    n = len(rewards)
-    if n == 0:
-        raise ValueError("rewards must not be empty")
-    if max(rewards) == min(rewards):
-        return [0.0] * n
-    if not all(math.isfinite(r) for r in rewards):
-        raise ValueError(f"rewards must be finite, got {rewards!r}")
-    # In units of the largest |reward| (1 for 0/1 rewards: the same arithmetic), so that
-    # rewards near 1e308 neither overflow the mean and the std to inf nor, through them,
-    # turn every advantage into 0: (R − μ)/(σ + eps) = (R/t − μ/t)/(σ/t + eps/t).
-    top = max(abs(r) for r in rewards)
-    mean = math.fsum(r / top for r in rewards) / n
-    centred = [r / top - mean for r in rewards]
-    if not scale:
-        return [c * top for c in centred]
-    std = math.sqrt(sum(c * c for c in centred) / n)  # population std
-    return [c / (std + eps / top) for c in centred]
-
-
 def _k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token k3 KL to the reference, exp(q − p) − (q − p) − 1, 0 on padding: (B, L)."""
     check_tensor("ref_logprobs", ref_logprobs)
@@ -103,7 +76,18 @@ def _k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tenso
     return torch.exp(delta) - delta - 1.0
 
 
-@register_policy_loss("grpo", row_separable=True)
+@dataclass
+class GRPOOptions(ClipOptions):
+    """GRPO: the clipped surrogate on group-relative advantages, optional KL to the start."""
+
+    kl_coef: float = option(0.0, "Weight of the k3 KL to the frozen initial policy.", ge=0)
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0
+
+
+@register_policy_loss("grpo", row_separable=True, options=GRPOOptions)
 def compute_grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

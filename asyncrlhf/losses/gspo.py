@@ -14,6 +14,8 @@ update the way per-token ratios do on stale data; the paper clips it tightly
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from asyncrlhf.losses._common import (
@@ -27,12 +29,21 @@ from asyncrlhf.losses._common import (
     ratio_metrics,
     to_floats,
 )
+from asyncrlhf.losses.options import LossOptions, option
 from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["compute_gspo_loss"]
 
 
-@register_policy_loss("gspo", row_separable=True)
+@dataclass
+class GSPOOptions(LossOptions):
+    """GSPO: the clip on a length-normalised sequence ratio (arXiv 2507.18071)."""
+
+    clip_eps: float = option(3e-4, "ε_low of the sequence clip.", gt=0, lt=1)
+    clip_eps_high: float | None = option(4e-4, "ε_high of the sequence clip.", gt=0, lt=1)
+
+
+@register_policy_loss("gspo", row_separable=True, options=GSPOOptions)
 def compute_gspo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -52,6 +53,7 @@ from asyncrlhf.losses._common import (
     ratio_metrics,
     to_floats,
 )
+from asyncrlhf.losses.options import LossOptions, option
 from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["compute_m2po_loss", "m2po_mask", "trust_region_cap"]
@@ -200,12 +202,55 @@ def _trust_region(
         high = 1.0 + max(math.expm1(tau), min_clip_high or 0.0)
     objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, low, high)
     device, dtype = inputs.mask.device, inputs.mask.dtype
-    stats = {"m2_trust_region": m2, "m2_kept": m2_after, "tau": tau if math.isfinite(tau) else -1.0,
-             "clip_low": low, "clip_high": high if math.isfinite(high) else -1.0}  # fmt: skip
+    stats = {
+        "m2_trust_region": m2,
+        "m2_kept": m2_after,
+        "tau": tau if math.isfinite(tau) else -1.0,
+        "clip_low": low,
+        "clip_high": high if math.isfinite(high) else -1.0,
+    }
     return objective, clipped, {k: torch.tensor(v, device=device, dtype=dtype) for k, v in stats.items()}
 
 
-@register_policy_loss("m2po")
+@dataclass
+class M2POOptions(LossOptions):
+    """M2PO: a second-moment trust region instead of a clip (arXiv 2510.01161)."""
+
+    m2_threshold: float = option(0.04, "Bound τ on the mean (log r)² of kept tokens.", ge=0)
+    m2_mode: Literal["trust_region", "batch", "token"] = option(
+        "batch",
+        "'trust_region': the authors' released code (an adaptive clip over trust-region tokens); "
+        "'batch': the paper's Algorithm 1 (drop the largest (log r)²); 'token': the per-token variant.",
+    )
+    m2_clip: bool = option(False, "batch mode: also apply the PPO clip with clip_eps (the paper does not).")
+    clip_eps: float = option(0.2, "Clip range ε when clipping (m2_clip, or mode 'token').", gt=0, lt=1)
+    min_clip_low: float | None = option(
+        None,
+        "trust_region: clip never tighter than 1 − this (null: no floor, as the authors' runs; their code's "
+        "function default is 0.3).",
+        ge=0,
+        lt=1,
+    )
+    min_clip_high: float | None = option(
+        None,
+        "trust_region: clip never tighter than 1 + this (null: no floor, as the authors' runs; their code's "
+        "function default is 0.5).",
+        ge=0,
+    )
+
+    def loss_options(self) -> dict[str, Any]:
+        clip = self.clip_eps if self.m2_clip or self.m2_mode == "token" else None
+        return {
+            "m2_threshold": self.m2_threshold,
+            "mode": self.m2_mode,
+            "clip_eps": clip,
+            "min_clip_low": self.min_clip_low,
+            "min_clip_high": self.min_clip_high,
+            "loss_agg": self.loss_agg,
+        }
+
+
+@register_policy_loss("m2po", options=M2POOptions)
 def compute_m2po_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

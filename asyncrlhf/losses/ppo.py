@@ -21,12 +21,13 @@ from asyncrlhf.losses._common import (
     ratio_metrics,
     to_floats,
 )
+from asyncrlhf.losses.options import ClipOptions
 from asyncrlhf.losses.registry import register_policy_loss
 
 __all__ = ["clipped_surrogate", "compute_ppo_loss"]
 
 
-@register_policy_loss("ppo", row_separable=True)
+@register_policy_loss("ppo", row_separable=True, options=ClipOptions)
 def compute_ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -15,12 +15,19 @@ option such as ``kl_coef`` adds a term of its own): the trainer may then leave s
 out of the forward and backward pass and rescale (see :attr:`BoundLoss.skips_zero_advantage`).
 A loss whose terms couple rows (M2PO's batch-wide mask) must not claim it.
 
-Adding an objective is one file: the decorated function (plus, for specs, its model in
-``pipelines.algorithms``).
+Adding an objective is one file: the decorated function and its options, a dataclass
+of :func:`~asyncrlhf.losses.options.option` fields deriving from
+:class:`~asyncrlhf.losses.options.LossOptions`, passed as
+``register_policy_loss(name, options=...)``. The options say what an experiment spec may
+set (``pipelines`` turns them into the spec's ``algorithm`` section, with their bounds
+and descriptions), and ``Options.loss_options`` maps them to the function's
+keyword arguments. Their defaults must be the function's own (checked at registration),
+so a default has one value wherever it is read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,20 +35,34 @@ from typing import Any
 
 import torch
 
-__all__ = ["BoundLoss", "PolicyLoss", "get_policy_loss", "policy_loss", "policy_losses", "register_policy_loss"]
+from asyncrlhf.losses.options import Options
+
+__all__ = [
+    "BoundLoss",
+    "PolicyLoss",
+    "get_policy_loss",
+    "loss_options_of",
+    "policy_loss",
+    "policy_losses",
+    "register_policy_loss",
+]
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 # Passed by the trainer, not options; a loss that names ref_logprobs or prox_logprobs gets them.
 _DATA = ("logprobs", "old_logprobs", "advantages", "mask", "ref_logprobs", "prox_logprobs")
 _REGISTRY: dict[str, PolicyLoss] = {}
+_OPTIONS: dict[str, type[Options]] = {}
 _ROW_SEPARABLE: set[str] = set()
 # Options that add a term to rows whose advantage is 0 (GRPO's KL to the reference).
 _ROW_TERMS = ("kl_coef",)
 
 
-def register_policy_loss(name: str, row_separable: bool = False) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register ``fn`` as the policy loss ``name``; returns ``fn`` unchanged.
-    ``row_separable``: see the module docstring."""
+def register_policy_loss(
+    name: str, row_separable: bool = False, options: type[Options] = Options
+) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register ``fn`` as the policy loss ``name`` with its ``options`` (an
+    :class:`~asyncrlhf.losses.options.Options` dataclass; none by default); returns
+    ``fn`` unchanged. ``row_separable``: see the module docstring."""
 
     def decorate(fn: PolicyLoss) -> PolicyLoss:
         params = list(inspect.signature(fn).parameters)
@@ -49,12 +70,33 @@ def register_policy_loss(name: str, row_separable: bool = False) -> Callable[[Po
             raise TypeError(f"policy loss {name!r} must start with {_DATA[:4]}, got {params[:4]}")
         if name in _REGISTRY and _REGISTRY[name] is not fn:
             raise ValueError(f"policy loss {name!r} is already registered ({_REGISTRY[name].__qualname__})")
-        _REGISTRY[name] = fn
+        _check_defaults(name, fn, options)
+        _REGISTRY[name], _OPTIONS[name] = fn, options
         if row_separable:
             _ROW_SEPARABLE.add(name)
         return fn
 
     return decorate
+
+
+def _check_defaults(name: str, fn: PolicyLoss, options: type[Options]) -> None:
+    """The options' defaults, mapped to keyword arguments, are the function's own (the
+    shared ``loss_agg`` aside: every objective defaults to token-mean in a spec)."""
+    if not (isinstance(options, type) and issubclass(options, Options) and dataclasses.is_dataclass(options)):
+        raise TypeError(f"policy loss {name!r}: options must be an Options dataclass, got {options!r}")
+    signature = inspect.signature(fn).parameters
+    for key, value in options().loss_options().items():
+        if key not in signature:
+            raise TypeError(f"policy loss {name!r}: option {key!r} is not an argument of {fn.__qualname__}")
+        default = signature[key].default
+        if key != "loss_agg" and default is not inspect.Parameter.empty and default != value:
+            raise TypeError(f"policy loss {name!r}: option {key!r} defaults to {value!r}, the function to {default!r}")
+
+
+def loss_options_of(name: str) -> type[Options]:
+    """The options dataclass of the registered loss ``name``."""
+    get_policy_loss(name)
+    return _OPTIONS[name]
 
 
 def policy_losses() -> tuple[str, ...]:

@@ -1,9 +1,11 @@
-"""Coordination of rollout and training: versions, prompts, weights and the orchestrator."""
+"""Coordination of rollout and training: the runtime interface, versions, weights, the
+in-process runtime (:class:`Orchestrator`)."""
 
 from asyncrlhf.orchestration.evaluate import Evaluation, evaluate, evaluate_accuracy
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
 from asyncrlhf.orchestration.orchestrator import Orchestrator
 from asyncrlhf.orchestration.prompts import PromptQueue, PromptQueueClosed
+from asyncrlhf.orchestration.runtime import HeldOut, RunConfig, Runtime, RuntimeBase
 from asyncrlhf.orchestration.schedule import MODES, Schedule, StepRecorder, TrainerSide
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreClosed
@@ -11,10 +13,14 @@ from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreCl
 __all__ = [
     "MODES",
     "Evaluation",
+    "HeldOut",
     "Orchestrator",
     "PromptQueue",
     "PromptQueueClosed",
+    "RunConfig",
     "RunHistory",
+    "Runtime",
+    "RuntimeBase",
     "Schedule",
     "Snapshot",
     "StepRecorder",

@@ -15,11 +15,13 @@ Every weight load is checksum-verified against the trainer's snapshot; the buffe
 refuses data outside the staleness bound, so the bound holds by construction and is
 checked again at the door.
 
-Checkpoints: :meth:`Orchestrator.checkpoint` captures the whole run state between two
+Checkpoints: :meth:`~RuntimeBase.checkpoint` captures the whole run state between two
 steps (trainer, buffer, published-weights ring, the engine's sampling stream, the prompt
 stream's position, the record) with the rollout thread paused between batches;
-:meth:`Orchestrator.restore` puts it back before :meth:`Orchestrator.run`, which then
+:meth:`~RuntimeBase.restore` puts it back before :meth:`~RuntimeBase.run`, which then
 continues at the next step: exactly as the uninterrupted run in ``sync`` and ``lagged``.
+The run's start, end and the shared half of checkpoints are
+:class:`~asyncrlhf.orchestration.runtime.RuntimeBase`'s.
 """
 
 from __future__ import annotations
@@ -27,148 +29,89 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from asyncrlhf._checks import check_positive_int
-from asyncrlhf.orchestration.evaluate import EvalCallback
-from asyncrlhf.orchestration.history import RunHistory
-from asyncrlhf.orchestration.schedule import MODES, MetricsCallback, Schedule, StepRecorder, TrainerSide
+from asyncrlhf.orchestration.evaluate import Evaluation
+from asyncrlhf.orchestration.runtime import AfterStep, RunConfig, RuntimeBase
+from asyncrlhf.orchestration.schedule import MODES, Schedule, TrainerSide
 from asyncrlhf.orchestration.weights import WeightStore, WeightStoreClosed
 from asyncrlhf.rollout.base import RolloutEngine
-from asyncrlhf.rollout.worker import RolloutWorker
-from asyncrlhf.tasks.base import Problem
 from asyncrlhf.training.trainer import TrainerWorker
 from asyncrlhf.types import Experience
 
 __all__ = ["MODES", "Orchestrator", "Schedule"]
 
 
-class Orchestrator:
-    """Joins a rollout engine and a trainer through a group-aware, version-aware buffer.
+class Orchestrator(RuntimeBase):
+    """Joins a rollout engine and a trainer through a group-aware, version-aware buffer,
+    in this process (a :class:`~asyncrlhf.orchestration.runtime.Runtime`).
 
     Args:
         engine: the rollout engine (its weights are replaced from the trainer's).
         trainer: the trainer (owns the policy being optimised).
-        problems: training problems (an iterator).
-        reward_fn: ``fn(generated_ids, answers, eos_token_id) -> Tensor[B]``.
-        eos_token_id, pad_token_id: of the tokenizer.
-        schedule: mode, group size, prompts per step, staleness bound, lag, cadences.
-        eval_problems: held-out problems for greedy accuracy.
-        max_new_tokens: response cap of the greedy evaluation (default: the engine's).
-        scale_advantages: GRPO's std scaling (False: Dr. GRPO).
-        verify_weights: check weight checksums after every load.
-        on_metrics: ``callback(step, metrics)`` after every trainer step; step 0 carries the
-            evaluation before any update (``eval/accuracy``), sent when measured.
-        on_eval: ``callback(step, evaluation)`` after every held-out evaluation (step 0
-            included): the greedy responses and which were correct.
-        eval_scorer: judges held-out responses (a reward function, e.g. a decoded
-            verifier; correct above 0.5); default: exact match on tokens.
-        timeout_s: how long any wait may last before the run fails loudly.
+        config: the run's :class:`~asyncrlhf.orchestration.RunConfig`.
     """
 
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        trainer: TrainerWorker,
-        problems: Iterator[Problem],
-        reward_fn: Callable[[torch.Tensor, Any, int], torch.Tensor],
-        eos_token_id: int,
-        pad_token_id: int,
-        schedule: Schedule,
-        eval_problems: list[Problem] | None = None,
-        max_new_tokens: int | None = None,
-        scale_advantages: bool = True,
-        verify_weights: bool = True,
-        on_metrics: MetricsCallback | None = None,
-        timeout_s: float = 600.0,
-        on_eval: EvalCallback | None = None,
-        eval_scorer: Callable[..., Any] | None = None,
-    ) -> None:
-        self.schedule = schedule
-        self.engine, self.trainer, self.problems = engine, trainer, problems
-        self.on_metrics, self.on_eval = on_metrics, on_eval
-        self.timeout_s = timeout_s
-        self.weights = WeightStore(keep=schedule.keep)
-        self.recorder = StepRecorder(schedule.mode, on_metrics, on_eval)
-        self.worker = RolloutWorker(
-            engine, reward_fn, schedule.group_size, eos_token_id, pad_token_id, verify_weights,
-            on_event=self._event,
-        )  # fmt: skip
-        max_new = max_new_tokens or getattr(engine, "max_new_tokens", 16)
-        self.trainer_side = TrainerSide(
-            trainer, schedule, self._publish, self._event, eval_problems or [], eos_token_id, pad_token_id, max_new,
-            scale_advantages, eval_scorer,
-        )  # fmt: skip
+    def __init__(self, engine: RolloutEngine, trainer: TrainerWorker, config: RunConfig) -> None:
+        super().__init__(config)
+        self.engine, self.trainer = engine, trainer
+        self.weights = WeightStore(keep=self.schedule.keep)
+        self.worker = config.rollout_worker(engine, "rollout-0", self._event)
+        self.trainer_side = TrainerSide(trainer, config, self._publish, self._event)
         self.buffer = self.trainer_side.buffer
         self.versions = self.trainer_side.versions
         self._rollout_lock = threading.Lock()  # held while a batch is generated and pushed
         self._next_batch = 0  # the next batch the rollout side generates
-        self._drawn = 0  # problems taken from the stream
-        self._restored = False
         self._force_load = True  # the first load is verified even if the engine claims the version
-
-    # ------------------------------------------------------------------ run
-    def run(self, num_steps: int, after_step: Callable[[int], None] | None = None) -> RunHistory:
-        """Train until ``num_steps`` trainer steps are done (counting those before a
-        :meth:`restore`); returns the run's history. ``after_step(steps_done)`` runs in
-        the trainer's thread after every step (a checkpoint, a stop request)."""
-        check_positive_int("num_steps", num_steps)
-        if not self._restored:
-            self.recorder = StepRecorder(self.schedule.mode, self.on_metrics, self.on_eval)
-            self.trainer_side.publish()
-        if self.schedule.eval_every and not self._restored:
-            self.recorder.initial(self.trainer_side.evaluate())
-        self.recorder.begin(keep_elapsed=self._restored)
-        first = self.recorder.steps_done
-        if first >= num_steps:
-            pass  # restored at its end (a run whose final upload is being finished): nothing to train
-        elif self.schedule.mode == "sync":
-            for step in range(first, num_steps):
-                self._rollout(step)
-                self._train(step, after_step)
-        else:
-            self._run_concurrently(first, num_steps, after_step)
-        return self.recorder.finish([self.worker.name])
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The trained policy's weights (a copy)."""
         return self.trainer.state_dict()
 
-    # ---------------------------------------------------------- checkpoints
-    def checkpoint(self, write: Callable[[dict[str, Any]], None]) -> None:
-        """Call ``write(state)`` with the whole run state, between two trainer steps (call
-        it from ``after_step``); the rollout side waits between batches meanwhile, so the
-        state is consistent and unchanged while it is written."""
-        with self._rollout_lock:
-            write({
-                "steps_done": self.recorder.steps_done,
-                "trainer": self.trainer.state(),
-                "buffer": self.buffer.state_dict(),
-                "weights": self.weights.state_dict(),
-                "engine": {"version": self.engine.version, "rng": self.engine.rng_state()},
-                "rollout": {"next_batch": self._next_batch, "problems_drawn": self._drawn},
-                "record": self.recorder.state_dict(),
-            })  # fmt: skip
+    def buffer_stats(self) -> dict[str, int]:
+        return self.buffer.stats()
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Put a :meth:`checkpoint` back, before :meth:`run` (on a freshly built run)."""
-        if self._restored or self.recorder.steps_done:
-            raise RuntimeError("restore() needs a freshly built orchestrator that has not run")
+    # ------------------------------------------------------------ run hooks
+    def _publish_initial(self) -> None:
+        self.trainer_side.publish()
+
+    def _evaluate(self) -> Evaluation:
+        return self.trainer_side.evaluate()
+
+    def _loop(self, first: int, num_steps: int, after_step: AfterStep | None) -> None:
+        if self.schedule.mode == "sync":
+            for step in range(first, num_steps):
+                self._rollout(step)
+                self._train(step, after_step)
+        else:
+            self._run_concurrently(first, num_steps, after_step)
+
+    def _workers(self) -> list[str]:
+        return [self.worker.name]
+
+    # ----------------------------------------------------- checkpoint hooks
+    def _pause(self) -> Any:
+        return self._rollout_lock  # the rollout side waits between batches
+
+    def _own_state(self) -> dict[str, Any]:
+        return {
+            "trainer": self.trainer.state(),
+            "buffer": self.buffer.state_dict(),
+            "weights": self.weights.state_dict(),
+            "engine": {"version": self.engine.version, "rng": self.engine.rng_state()},
+            "rollout": {"next_batch": self._next_batch},
+        }
+
+    def _load_own_state(self, state: dict[str, Any]) -> None:
         self.trainer.restore(state["trainer"])
         self.buffer.load_state_dict(state["buffer"])
         self.weights.load_state_dict(state["weights"])
         self.engine.set_rng_state(state["engine"]["rng"])
         self._next_batch = int(state["rollout"]["next_batch"])
-        for _ in range(int(state["rollout"]["problems_drawn"])):  # the stream is deterministic: replay it
-            next(self.problems)
-        self._drawn = int(state["rollout"]["problems_drawn"])
-        self.recorder.load_state_dict(state["record"])
-        self._restored = True
 
-    def _run_concurrently(self, first: int, num_steps: int, after_step: Callable[[int], None] | None) -> None:
+    def _run_concurrently(self, first: int, num_steps: int, after_step: AfterStep | None) -> None:
         stop = threading.Event()
         failure: list[BaseException] = []
 
@@ -225,8 +168,7 @@ class Orchestrator:
         self._await(batch)  # outside the lock: a checkpoint may be taken meanwhile
         with self._rollout_lock:
             self._load(batch)
-            problems = [next(self.problems) for _ in range(self.schedule.prompts_per_step)]
-            self._drawn += len(problems)
+            problems = self.draw(self.schedule.prompts_per_step)
             experiences = self.worker.generate_batch(problems, key=f"b{batch}")
             self.recorder.tokens += sum(e.response_ids.shape[0] for e in experiences)
             for experience in experiences:
@@ -234,9 +176,7 @@ class Orchestrator:
             self._next_batch = batch + 1
 
     # ------------------------------------------------------------- trainer
-    def _train(
-        self, step: int, after_step: Callable[[int], None] | None, failure: list[BaseException] | None = None
-    ) -> None:
+    def _train(self, step: int, after_step: AfterStep | None, failure: list[BaseException] | None = None) -> None:
         start = time.time()
         groups = self._collect(failure)
         self._event("trainer", "wait", start, time.time())

@@ -28,21 +28,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf._clock import clock
+from asyncrlhf.advantages import apply_advantages, get_advantage
 from asyncrlhf.buffers import GroupAwareReplayBuffer
 from asyncrlhf.orchestration.evaluate import EvalCallback, Evaluation, evaluate, greedy_engine
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
 from asyncrlhf.orchestration.version import VersionManager
-from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience
+
+if TYPE_CHECKING:  # runtime.py imports this module
+    from asyncrlhf.orchestration.runtime import RunConfig
 
 __all__ = ["MODES", "MetricsCallback", "Schedule", "StepRecorder", "TrainerSide", "train_on"]
 
-MODES = ("sync", "async", "lagged")
 Mode = Literal["sync", "async", "lagged"]
+MODES = get_args(Mode)
 MetricsCallback = Callable[[int, dict[str, float]], None]
 
 
@@ -78,11 +81,18 @@ class Schedule:
         check_positive_int("publish_every", self.publish_every)
         check_nonnegative_int("lag", self.lag)
         check_nonnegative_int("eval_every", self.eval_every)
-        if self.mode == "async" and self.publish_every > self.max_staleness + 1:
+        if self.mode == "async" and self.publish_every > self.max_publish_every(self.max_staleness):
             raise ValueError(
                 f"publish_every={self.publish_every} > max_staleness + 1 = {self.max_staleness + 1}: the rollout "
                 "workers could never get weights fresh enough for the next batch"
             )
+
+    @staticmethod
+    def max_publish_every(max_staleness: int) -> int:
+        """The longest publication interval ``async`` allows under ``max_staleness``: batch n
+        needs a version ≥ n − max_staleness, which exists only if the trainer publishes at
+        least every max_staleness + 1 steps."""
+        return max_staleness + 1
 
     # ------------------------------------------------------------- weights
     @property
@@ -116,16 +126,17 @@ class Schedule:
         return bool(self.eval_every) and (step + 1) % self.eval_every == 0
 
     # -------------------------------------------------------------- buffer
-    def make_buffer(self, versions: VersionManager, scale_advantages: bool = True) -> GroupAwareReplayBuffer:
+    def make_buffer(self, versions: VersionManager) -> GroupAwareReplayBuffer:
         """The trainer's group-aware buffer: it refuses data outside the bound and holds
         two steps beyond the bound's worth of groups (the batch being trained, the one
-        being generated) before overflow would drop any."""
+        being generated) before overflow would drop any. Advantages are left to the
+        trainer's step, which sees the whole batch."""
         return GroupAwareReplayBuffer(
             self.group_size,
             max_groups=self.prompts_per_step * (self.bound + 2),
             max_staleness=self.bound,
             version=versions,
-            scale_advantages=scale_advantages,
+            advantage=None,
         )
 
 
@@ -227,9 +238,15 @@ class StepRecorder:
         with self._lock:
             events = [(e.worker, e.phase, e.start, e.end, e.cpu) for e in self._events]
         history = self.history
-        return {"steps": [dict(s) for s in history.steps], "staleness": [list(s) for s in history.staleness],
-                "initial_metrics": dict(history.initial_metrics), "events": events, "samples": self.samples,
-                "tokens": self.tokens, "elapsed": time.time() - self.t0}  # fmt: skip
+        return {
+            "steps": [dict(s) for s in history.steps],
+            "staleness": [list(s) for s in history.staleness],
+            "initial_metrics": dict(history.initial_metrics),
+            "events": events,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "elapsed": time.time() - self.t0,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         history = self.history
@@ -268,39 +285,27 @@ class StepRecorder:
 
 class TrainerSide:
     """The trainer's half of a run, the same in both runtimes: the version manager and
-    the version-aware buffer, one step per batch (train, publish when due, evaluate
-    when due) and the held-out evaluation.
+    the version-aware buffer, one step per batch (advantages, train, publish when due,
+    evaluate when due) and the held-out evaluation.
 
     Args:
         trainer: the :class:`~asyncrlhf.training.TrainerWorker`.
-        schedule: the run's schedule.
+        config: the run's :class:`~asyncrlhf.orchestration.RunConfig` (its schedule,
+            held-out evaluation, token ids and advantage estimator).
         publish: ``fn()`` making the trainer's current weights available to rollout.
         record: ``fn(worker, phase, start, end)`` for the timeline.
-        eval_problems: held-out problems for greedy accuracy (none: NaN).
-        eos_token_id, pad_token_id, max_new_tokens: of the greedy evaluation.
-        scale_advantages: GRPO's std scaling (False: Dr. GRPO).
     """
 
     def __init__(
-        self,
-        trainer: Any,
-        schedule: Schedule,
-        publish: Callable[[], None],
-        record: Callable[..., None],
-        eval_problems: list[Problem],
-        eos_token_id: int,
-        pad_token_id: int,
-        max_new_tokens: int,
-        scale_advantages: bool = True,
-        eval_scorer: Callable[..., Any] | None = None,
+        self, trainer: Any, config: RunConfig, publish: Callable[[], None], record: Callable[..., None]
     ) -> None:
-        self.trainer, self.schedule, self._publish, self._record = trainer, schedule, publish, record
-        self.eval_scorer = eval_scorer
+        self.trainer, self.schedule, self._publish, self._record = trainer, config.schedule, publish, record
+        self.held_out = config.held_out
+        self.eos_token_id, self.pad_token_id = config.eos_token_id, config.pad_token_id
+        self.advantage = get_advantage(config.advantage)
         self.versions = VersionManager(initial=trainer.version)
         trainer.versions = self.versions
-        self.buffer = schedule.make_buffer(self.versions, scale_advantages)
-        self.eval_problems = eval_problems
-        self.eos_token_id, self.pad_token_id, self.max_new_tokens = eos_token_id, pad_token_id, max_new_tokens
+        self.buffer = self.schedule.make_buffer(self.versions)
         self.eval_engine: Any = None  # a greedy engine sharing the trainer's model, built on first use
 
     def publish(self) -> None:
@@ -313,14 +318,16 @@ class TrainerSide:
 
     def evaluate(self) -> Evaluation:
         """Greedy responses of the live policy to the held-out problems."""
-        if not self.eval_problems:
+        held_out = self.held_out
+        if not held_out.problems:
             return Evaluation(float("nan"), [], [])
         if self.eval_engine is None:
-            model, max_new = self.trainer.model, self.max_new_tokens
-            self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, max_new)
+            model = self.trainer.model
+            self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, held_out.max_new_tokens)
         start = clock()
-        evaluation = evaluate(self.eval_engine, self.eval_problems, self.eos_token_id, self.pad_token_id,
-                              scorer=self.eval_scorer)  # fmt: skip
+        evaluation = evaluate(
+            self.eval_engine, held_out.problems, self.eos_token_id, self.pad_token_id, scorer=held_out.scorer
+        )
         self._phase("eval", start)
         return evaluation
 
@@ -330,6 +337,7 @@ class TrainerSide:
         """Trainer step ``step`` (0-based) on ``groups``: ``(metrics, staleness, samples,
         evaluation)``, the evaluation None unless one was due."""
         start = clock()
+        apply_advantages(self.advantage, groups)
         experiences = [e for group in groups for e in group]
         metrics, staleness = train_on(self.trainer, experiences, self.buffer)
         self._phase("train", start)

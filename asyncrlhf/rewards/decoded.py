@@ -130,8 +130,10 @@ class DecodedReward:
         if self.workers == 0:
             return self._score_here(responses, references)
         pool = self._ensure_pool()
-        futures = [pool.schedule(self.scorer, args=(r, ref), timeout=self.timeout_s)
-                   for r, ref in zip(responses, references, strict=True)]  # fmt: skip
+        futures = [
+            pool.schedule(self.scorer, args=(r, ref), timeout=self.timeout_s)
+            for r, ref in zip(responses, references, strict=True)
+        ]
         scores, status = [], []
         try:
             for future in futures:

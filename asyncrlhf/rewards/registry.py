@@ -71,8 +71,10 @@ def get_reward(kind: str) -> RewardFn:
         raise ValueError(f"reward kind {kind!r} could not be imported: {err}") from err
     except Exception as err:  # the module itself is broken: a syntax error, or it raised at import
         where = f" ({err.filename}, line {err.lineno})" if isinstance(err, SyntaxError) else ""
-        raise ValueError(f"reward kind {kind!r}: importing {module_name!r} failed: {type(err).__name__}: "
-                         f"{err.msg if isinstance(err, SyntaxError) else err}{where}") from err  # fmt: skip
+        raise ValueError(
+            f"reward kind {kind!r}: importing {module_name!r} failed: {type(err).__name__}: "
+            f"{err.msg if isinstance(err, SyntaxError) else err}{where}"
+        ) from err
     fn = getattr(module, attr, None)
     if fn is None:
         raise ValueError(f"reward kind {kind!r}: module {module_name!r} has no attribute {attr!r}")

@@ -59,6 +59,8 @@ class RolloutEngine(Protocol):
     """Generates ``num_samples`` completions per prompt and knows its weights' version.
 
     ``generate`` returns samples prompt-major: all samples of prompt 0, then prompt 1…
+    This is everything a runtime calls on an engine; :class:`EngineBase` gives the
+    version bookkeeping, the sampling-stream methods and ``agenerate`` to subclasses.
     """
 
     @property
@@ -73,6 +75,18 @@ class RolloutEngine(Protocol):
     def checksum(self) -> str:
         """SHA-256 of the weights the engine holds (``models.weights_checksum``), so a
         sync can be verified against the trainer's snapshot."""
+        ...
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling stream from ``seed`` (a Ray chunk's own seed)."""
+        ...
+
+    def rng_state(self) -> torch.Tensor | None:
+        """The sampling stream's state, for checkpoints (None: not seedable)."""
+        ...
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Put :meth:`rng_state`'s state back."""
         ...
 
 

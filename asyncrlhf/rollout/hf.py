@@ -134,8 +134,9 @@ class HFEngine(EngineBase):
         self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, num_samples: int
     ) -> tuple[torch.Tensor, Any]:
         """The prompts' last logits and KV cache, each repeated ``num_samples`` times."""
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)  # fmt: skip
+        out = self.model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         cache = getattr(out, self._cache_arg)
         if num_samples == 1:
             return out.logits[:, -1, :], cache
@@ -143,8 +144,13 @@ class HFEngine(EngineBase):
             cache.batch_repeat_interleave(num_samples)
             return out.logits[:, -1, :].repeat_interleave(num_samples, dim=0), cache
         rows = (ids.repeat_interleave(num_samples, dim=0), attention.repeat_interleave(num_samples, dim=0))
-        out = self.model(input_ids=rows[0], attention_mask=rows[1], use_cache=True, logits_to_keep=1,
-                         position_ids=positions.repeat_interleave(num_samples, dim=0))  # fmt: skip
+        out = self.model(
+            input_ids=rows[0],
+            attention_mask=rows[1],
+            use_cache=True,
+            logits_to_keep=1,
+            position_ids=positions.repeat_interleave(num_samples, dim=0),
+        )
         return out.logits[:, -1, :], getattr(out, self._cache_arg)
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

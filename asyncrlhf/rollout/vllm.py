@@ -92,9 +92,14 @@ class VLLMEngine(EngineBase):
                 ids = list(completion.token_ids)
                 logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=True)]
                 samples.append(
-                    Sample(index, prompt, torch.tensor(ids, dtype=torch.long),
-                           torch.tensor(logprobs, dtype=torch.float32), self._version)
-                )  # fmt: skip
+                    Sample(
+                        index,
+                        prompt,
+                        torch.tensor(ids, dtype=torch.long),
+                        torch.tensor(logprobs, dtype=torch.float32),
+                        self._version,
+                    )
+                )
         return samples
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

@@ -62,7 +62,6 @@ class RolloutWorker:
         self.verify_weights = verify_weights
         self.name = name
         self.on_event = on_event
-        self.generated_tokens = 0
         self.weight_loads = 0
 
     def _event(self, phase: str, start: tuple[float, float]) -> None:
@@ -119,5 +118,4 @@ class RolloutWorker:
             for i, (s, reward) in enumerate(zip(samples, rewards, strict=True))
         ]
         self._event("reward", start)
-        self.generated_tokens += sum(r.shape[0] for r in responses)
         return experiences

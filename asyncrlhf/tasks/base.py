@@ -76,8 +76,11 @@ class LongPrompts:
         if not kept and long:
             raise ValueError(f"{path}: all {len(long)} prompts are over max_prompt_tokens={self.limit}")
         if long:
-            warnings.warn(f"{path}: dropped {len(long)} of {len(long) + kept} prompts over "
-                          f"max_prompt_tokens={self.limit} (first: {long[0]})", stacklevel=4)  # fmt: skip
+            warnings.warn(
+                f"{path}: dropped {len(long)} of {len(long) + kept} prompts over "
+                f"max_prompt_tokens={self.limit} (first: {long[0]})",
+                stacklevel=4,
+            )
 
 
 @runtime_checkable

@@ -112,8 +112,10 @@ class DatasetTask:
             random.Random(seed if eval_seed is None else eval_seed).shuffle(train)
             cut = int(len(train) * eval_fraction)
             if eval_fraction > 0 and cut == 0:
-                raise ValueError(f"{path}: {len(train)} usable problem(s) at eval_fraction={eval_fraction} hold out "
-                                 "none for evaluation: give more, or an eval_path")  # fmt: skip
+                raise ValueError(
+                    f"{path}: {len(train)} usable problem(s) at eval_fraction={eval_fraction} hold out "
+                    "none for evaluation: give more, or an eval_path"
+                )
             self._eval, self._train = train[:cut], train[cut:]
         if not self._train:
             raise ValueError(f"{path}: no training problems left")
@@ -126,8 +128,7 @@ class DatasetTask:
             messages = [{"role": "user", "content": prompt}]
             if self.system_prompt is not None:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            return list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                return_dict=False))  # fmt: skip
+            return list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
         return plain_prompt_ids(tok, prompt)
 
     @property
@@ -148,9 +149,16 @@ class DatasetTask:
                 continue
             answer_ids = self.tokenizer.encode(answer, add_special_tokens=False)
             others = answer_variants(self.tokenizer, prompt, answer)[1:] if self.variants else []
-            problems.append(Problem(row.get("id", where), prompt, answer, torch.tensor(ids, dtype=torch.long),
-                                    torch.tensor(answer_ids, dtype=torch.long),
-                                    tuple(torch.tensor(v, dtype=torch.long) for v in others)))  # fmt: skip
+            problems.append(
+                Problem(
+                    row.get("id", where),
+                    prompt,
+                    answer,
+                    torch.tensor(ids, dtype=torch.long),
+                    torch.tensor(answer_ids, dtype=torch.long),
+                    tuple(torch.tensor(v, dtype=torch.long) for v in others),
+                )
+            )
         self.long.done(path, len(problems))
         return problems
 

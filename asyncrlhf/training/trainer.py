@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -23,7 +23,9 @@ from asyncrlhf.losses import aggregation_share, policy_loss
 from asyncrlhf.models import cache_argument, gather_cache_rows, token_logprobs, weights_checksum
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
-__all__ = ["OptimConfig", "TrainerWorker", "sequence_logprobs"]
+__all__ = ["LrDecay", "OptimConfig", "TrainerWorker", "sequence_logprobs"]
+
+LrDecay = Literal["constant", "linear", "cosine"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class OptimConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1
     warmup_updates: int = 0
-    decay: Literal["constant", "linear", "cosine"] = "constant"
+    decay: LrDecay = "constant"
     total_updates: int | None = None
     min_lr_ratio: float = 0.0
 
@@ -53,11 +55,13 @@ class OptimConfig:
         check_positive_int("ppo_epochs", self.ppo_epochs)
         check_positive_int("mini_batches", self.mini_batches)
         check_nonnegative_int("warmup_updates", self.warmup_updates)
-        if self.decay not in ("constant", "linear", "cosine"):
+        if self.decay not in get_args(LrDecay):
             raise ValueError(f"decay must be 'constant', 'linear' or 'cosine', got {self.decay!r}")
         if self.decay != "constant" and (self.total_updates is None or self.total_updates <= self.warmup_updates):
-            raise ValueError(f"decay={self.decay!r} needs total_updates > warmup_updates={self.warmup_updates}, "
-                             f"got {self.total_updates!r}")  # fmt: skip
+            raise ValueError(
+                f"decay={self.decay!r} needs total_updates > warmup_updates={self.warmup_updates}, "
+                f"got {self.total_updates!r}"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
 

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from asyncrlhf.advantages import group_advantages_scalar
 from asyncrlhf.buffers import BoundedReplayBuffer, GroupAwareReplayBuffer, VersionedReplayBuffer
-from asyncrlhf.losses.grpo import group_advantages_scalar
 from asyncrlhf.orchestration import VersionManager
 from asyncrlhf.rollout.stub import StubEngine
 from asyncrlhf.rollout.worker import RolloutWorker

@@ -85,7 +85,7 @@ def test_all_equal_group_gets_zero_advantages():
 
 
 def test_dr_grpo_advantages_are_unscaled():
-    buf = GroupAwareReplayBuffer(group_size=2, scale_advantages=False)
+    buf = GroupAwareReplayBuffer(group_size=2, advantage="dr_grpo")
     buf.push(make_exp("p", reward=1.0))
     buf.push(make_exp("p", reward=0.0))
     assert [e.advantage for e in buf.sample(1)[0]] == [0.5, -0.5]

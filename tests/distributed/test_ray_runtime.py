@@ -7,9 +7,9 @@ import time
 import pytest
 
 from asyncrlhf.models import pretrained_policy
-from pipelines.run import build_orchestrator
+from pipelines.run import build_runtime
+from pipelines.run.warmstart import greedy_accuracy
 from pipelines.spec import load_spec
-from pipelines.warmstart import greedy_accuracy
 from tests.pipelines.conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -19,7 +19,7 @@ SMALL = ["trainer.batch_size=64", "task.eval_size=20", "orchestrator.eval_every=
 
 
 def build(*overrides: str, on_metrics=None):  # type: ignore[no-untyped-def]
-    return build_orchestrator(load_spec(SPEC, [*SMALL, *overrides]), on_metrics=on_metrics)
+    return build_runtime(load_spec(SPEC, [*SMALL, *overrides]), on_metrics=on_metrics)
 
 
 def accounting_holds(stats: dict[str, int]) -> bool:
@@ -35,7 +35,7 @@ def test_two_workers_train_with_verified_weights_and_bounded_staleness(mode, bou
         stats = orch.buffer_stats()
         final_checksum = orch.trainer_checksums[10]
     finally:
-        orch.shutdown()
+        orch.close()
     # Trained: ten versions, each published once with a distinct checksum.
     assert len(history.steps) == 10 and all(s["loss/policy"] == s["loss/policy"] for s in history.steps)
     assert sorted(orch.trainer_checksums) == list(range(11)) and len(set(orch.trainer_checksums.values())) == 11
@@ -64,7 +64,7 @@ def run_to_end(steps: int, *overrides: str, on_metrics=None):  # type: ignore[no
     try:
         return orch, orch.run(steps), orch.buffer_stats()
     finally:
-        orch.shutdown()
+        orch.close()
 
 
 def test_a_killed_rollout_actor_restarts_and_the_run_finishes(ray_cluster):
@@ -92,7 +92,7 @@ def test_a_killed_rollout_actor_restarts_and_the_run_finishes(ray_cluster):
         history = orch.run(12)
         stats = orch.buffer_stats()
     finally:
-        orch.shutdown()
+        orch.close()
     assert len(history.steps) == 12
     assert orch.restarts >= 1 and history.steps[-1]["faults/rollout_restarts"] >= 1
     assert any(e.phase == "restart" and e.worker == "rollout-0" for e in history.timeline)
@@ -119,7 +119,7 @@ def test_a_restored_ray_run_repeats_the_uninterrupted_one():
     try:
         reference, final = orch.run(6), orch.trainer_checksums[6]
     finally:
-        orch.shutdown()
+        orch.close()
     first, box = build(*overrides), {}
 
     def after_step(done: int) -> None:
@@ -131,7 +131,7 @@ def test_a_restored_ray_run_repeats_the_uninterrupted_one():
         with pytest.raises(KeyboardInterrupt):
             first.run(6, after_step)
     finally:
-        first.shutdown()
+        first.close()
     assert box["state"]["steps_done"] in (3, 4)
     second = build(*overrides)
     try:
@@ -140,7 +140,7 @@ def test_a_restored_ray_run_repeats_the_uninterrupted_one():
         assert curves(history) == curves(reference) and history.staleness == reference.staleness
         assert second.trainer_checksums[6] == final
     finally:
-        second.shutdown()
+        second.close()
 
 
 def _roundtrip(state):  # type: ignore[no-untyped-def]

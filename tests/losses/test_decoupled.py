@@ -44,8 +44,9 @@ def test_the_behaviour_weight_is_truncated_or_masked_at_its_cap():
     advantages = torch.tensor([1.0])
     truncated, m = compute_decoupled_ppo_loss(logprobs, old, advantages, prox_logprobs=prox, behav_cap=2.0)
     assert truncated.item() == pytest.approx(-(2.0 + 1.0) / 2) and m["behav_capped_frac"] == 0.5  # e^2 → 2
-    masked, m = compute_decoupled_ppo_loss(logprobs, old, advantages, prox_logprobs=prox, behav_cap=2.0,
-                                           behav_cap_mode="mask")  # fmt: skip
+    masked, m = compute_decoupled_ppo_loss(
+        logprobs, old, advantages, prox_logprobs=prox, behav_cap=2.0, behav_cap_mode="mask"
+    )
     assert masked.item() == pytest.approx(-(0.0 + 1.0) / 2) and m["behav_weight_max"] == 1.0
     with pytest.raises(ValueError, match="behav_cap"):
         compute_decoupled_ppo_loss(logprobs, old, advantages, behav_cap=0.0)

@@ -102,7 +102,7 @@ def test_rewards_must_split_into_groups():
 
 
 def test_scalar_twin_matches_the_tensor_version():
-    from asyncrlhf.losses.grpo import group_advantages_scalar
+    from asyncrlhf.advantages import group_advantages_scalar
 
     g = torch.Generator().manual_seed(0)
     for scale in (True, False):

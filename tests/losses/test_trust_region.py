@@ -121,17 +121,25 @@ def test_the_cap_meets_the_budget_and_within_budget_nothing_is_clipped():
 # ----------------------------------------------------------------------------------------
 # Finite everywhere: every registered objective, any finite current log-probs, any
 # behaviour log-probs (−inf included), log-ratios up to ±100 (r = e^100 overflows float32).
-_OPTIONS = {"m2po": [{"mode": "trust_region"}, {"mode": "batch"}, {"mode": "token", "m2_threshold": 4.0},
-                     {"mode": "batch", "clip_eps": 0.2}],
-            "decoupled_ppo": [{}, {"behav_cap": 5.0}, {"clip_ratio_c": 3.0}],
-            "ppo": [{}, {"clip_ratio_c": 3.0}], "grpo": [{}, {"clip_ratio_c": 3.0}]}  # fmt: skip
+_OPTIONS = {
+    "m2po": [
+        {"mode": "trust_region"},
+        {"mode": "batch"},
+        {"mode": "token", "m2_threshold": 4.0},
+        {"mode": "batch", "clip_eps": 0.2},
+    ],
+    "decoupled_ppo": [{}, {"behav_cap": 5.0}, {"clip_ratio_c": 3.0}],
+    "ppo": [{}, {"clip_ratio_c": 3.0}],
+    "grpo": [{}, {"clip_ratio_c": 3.0}],
+}
 _CASES = [(name, options) for name in policy_losses() for options in _OPTIONS.get(name, [{}])]
 
 
 def _bound_loss(name, options):
     loss = policy_loss(name, **options)
-    return lambda lp, old, adv, mask: loss(lp, old, adv, mask, ref_logprobs=lp.detach() - 1.0,
-                                           prox_logprobs=lp.detach() * 0.5)  # fmt: skip
+    return lambda lp, old, adv, mask: loss(
+        lp, old, adv, mask, ref_logprobs=lp.detach() - 1.0, prox_logprobs=lp.detach() * 0.5
+    )
 
 
 def test_every_registered_objective_is_covered():

@@ -3,17 +3,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrlhf.orchestration import Orchestrator, Schedule, VersionManager
+from asyncrlhf.orchestration import HeldOut, Orchestrator, RunConfig, Schedule, VersionManager
 from asyncrlhf.rollout import HFEngine, Sampling
 from asyncrlhf.tasks import AdditionTask
 from asyncrlhf.training import OptimConfig, TrainerWorker
 from tests.helpers import even_first_token, small_model
 
 VOCABULARY = {
-    "reward/mean", "loss/policy", "loss/kl", "policy/clip_frac", "policy/ratio_max", "staleness/mean",
-    "staleness/max", "buffer/size", "buffer/evicted_stale", "perf/samples_per_s", "perf/gen_tokens_per_s",
-    "time/step_s", "staleness/updates",
-}  # fmt: skip
+    "reward/mean",
+    "loss/policy",
+    "loss/kl",
+    "policy/clip_frac",
+    "policy/ratio_max",
+    "staleness/mean",
+    "staleness/max",
+    "buffer/size",
+    "buffer/evicted_stale",
+    "perf/samples_per_s",
+    "perf/gen_tokens_per_s",
+    "time/step_s",
+    "staleness/updates",
+}
 
 
 def build(mode: str, steps_seed: int = 0, algorithm: str = "grpo", **kwargs) -> Orchestrator:  # type: ignore[no-untyped-def]
@@ -23,8 +33,16 @@ def build(mode: str, steps_seed: int = 0, algorithm: str = "grpo", **kwargs) -> 
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=4), seed=1)
     fields = {"group_size": 4, "prompts_per_step": 4, "eval_every": 2}
     fields.update({k: kwargs.pop(k) for k in list(kwargs) if k in Schedule.__dataclass_fields__})
-    return Orchestrator(engine, trainer, task.train_problems(), even_first_token, tok.eos_token_id,
-                        tok.pad_token_id, Schedule(mode, **fields), task.eval_problems(), **kwargs)  # fmt: skip
+    config = RunConfig(
+        Schedule(mode, **fields),
+        task.train_problems(),
+        even_first_token,
+        tok.eos_token_id,
+        tok.pad_token_id,
+        HeldOut(task.eval_problems(), max_new_tokens=4),
+        **kwargs,
+    )
+    return Orchestrator(engine, trainer, config)
 
 
 def curve(history, key):  # type: ignore[no-untyped-def]
@@ -117,9 +135,13 @@ def test_a_failing_rollout_worker_surfaces_instead_of_hanging():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"mode": "eager"}, "mode"), ({"mode": "async", "max_staleness": 0, "publish_every": 2}, "publish_every"),
-     ({"group_size": 0}, "group_size"), ({"mode": "lagged", "lag": -1}, "lag")],
-)  # fmt: skip
+    [
+        ({"mode": "eager"}, "mode"),
+        ({"mode": "async", "max_staleness": 0, "publish_every": 2}, "publish_every"),
+        ({"group_size": 0}, "group_size"),
+        ({"mode": "lagged", "lag": -1}, "lag"),
+    ],
+)
 def test_bad_settings_fail_clearly(kwargs, match):
     mode = kwargs.pop("mode", "sync")
     with pytest.raises(ValueError, match=match):

@@ -62,8 +62,9 @@ def test_a_hanging_and_a_raising_row_score_their_values_and_are_counted():
     tokenizer = build_char_tokenizer()
     texts = ["#### 7", "hang", "boom", "#### 8"]
     answers = [torch.tensor(tokenizer.encode(a, add_special_tokens=False)) for a in ["7", "7", "7", "7"]]
-    with DecodedReward(tokenizer, "tests.rewards.scorers:unruly", workers=2, timeout_s=1.0, timeout_score=-1.0,
-                       error_score=-2.0) as reward:  # fmt: skip
+    with DecodedReward(
+        tokenizer, "tests.rewards.scorers:unruly", workers=2, timeout_s=1.0, timeout_score=-1.0, error_score=-2.0
+    ) as reward:
         begin = time.monotonic()
         scores, flags = reward(batch(tokenizer, texts), answers, EOS)
         assert time.monotonic() - begin < 30  # the hanging row was cut off, not waited for
@@ -83,8 +84,7 @@ def test_a_composite_reward_carries_the_flags_of_its_decoded_term():
     answers = [torch.tensor(tokenizer.encode("7", add_special_tokens=False))] * 2
     total, flags = reward(batch(tokenizer, ["#### 7", "boom"]), answers, EOS)
     assert total.tolist() == [1.5, 0.5] and flags["errors"].tolist() == [0, 1]
-    assert not isinstance(CompositeReward([RewardTerm("terminated")])(batch(tokenizer, ["7"]), answers[:1], EOS),
-                          tuple)  # fmt: skip
+    assert not isinstance(CompositeReward([RewardTerm("terminated")])(batch(tokenizer, ["7"]), answers[:1], EOS), tuple)
 
 
 SCRIPT = """
@@ -124,8 +124,9 @@ def test_the_pool_ends_with_its_process_on_exit_and_on_ctrl_c(ending, tmp_path):
     # waited on the grandchildren too, and timed out although the child had exited; the
     # grandchildren are checked below, on their own.
     with (tmp_path / "stderr").open("w+") as err:
-        process = subprocess.Popen([sys.executable, "-c", SCRIPT, ending], cwd=REPO, env=env(),
-                                   stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, ending], cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=err, text=True
+        )
         children = json.loads(process.stdout.readline())
         assert len(children) >= 2  # the workers (and the fork server)
         if ending == "hang":

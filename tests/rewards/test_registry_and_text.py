@@ -85,8 +85,11 @@ def test_a_broken_reward_module_is_one_clear_error(tmp_path, monkeypatch):
     (tmp_path / "broken_syntax.py").write_text("def score(:\n")
     (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('no GPU here')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match=r"reward kind 'broken_syntax.score': importing 'broken_syntax' failed: "
-                                         r"SyntaxError: .*broken_syntax\.py, line 1"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"reward kind 'broken_syntax.score': importing 'broken_syntax' failed: "
+        r"SyntaxError: .*broken_syntax\.py, line 1",
+    ):
         get_reward("broken_syntax.score")
     with pytest.raises(ValueError, match="importing 'raises_at_import' failed: RuntimeError: no GPU here"):
         get_reward("raises_at_import:score")

@@ -12,8 +12,10 @@ import pytest
 from asyncrlhf.models import build_char_tokenizer
 from asyncrlhf.tasks.dataset import DatasetTask
 
-TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }} | {% endfor %}"
-            "{% if add_generation_prompt %}<s>assistant: {% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }} | {% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
 
 
 @pytest.fixture
@@ -28,13 +30,21 @@ def write_jsonl(path, records) -> str:  # type: ignore[no-untyped-def]
     return str(path)
 
 
-GSM = [{"question": f"Tom has {i} apples and buys 3. How many?", "answer": f"{i} + 3 = {i + 3}. #### {i + 3}"}
-       for i in range(40)]  # fmt: skip
+GSM = [
+    {"question": f"Tom has {i} apples and buys 3. How many?", "answer": f"{i} + 3 = {i + 3}. #### {i + 3}"}
+    for i in range(40)
+]
 
 
 def test_chat_template_prompts_are_exactly_apply_chat_template(tokenizer, tmp_path):
-    task = DatasetTask(tokenizer, write_jsonl(tmp_path / "gsm.jsonl", GSM), "question", "answer",
-                       system_prompt="Answer after ####.", eval_fraction=0.25)  # fmt: skip
+    task = DatasetTask(
+        tokenizer,
+        write_jsonl(tmp_path / "gsm.jsonl", GSM),
+        "question",
+        "answer",
+        system_prompt="Answer after ####.",
+        eval_fraction=0.25,
+    )
     problems = task.eval_problems()
     assert len(problems) == 10 and len(task._train) == 30
     for p in problems:
@@ -55,7 +65,8 @@ def test_parquet_and_jsonl_give_the_same_problems(tokenizer, tmp_path):
     a = DatasetTask(tokenizer, write_jsonl(tmp_path / "gsm.jsonl", GSM), "question", "answer")
     b = DatasetTask(tokenizer, str(tmp_path / "gsm.parquet"), "question", "answer")
     assert [(p.prompt, p.answer, p.prompt_ids.tolist()) for p in a.eval_problems()] == [
-        (p.prompt, p.answer, p.prompt_ids.tolist()) for p in b.eval_problems()]  # fmt: skip
+        (p.prompt, p.answer, p.prompt_ids.tolist()) for p in b.eval_problems()
+    ]
 
 
 def test_long_prompts_are_dropped_and_counted_or_refused(tokenizer, tmp_path):

@@ -123,12 +123,18 @@ def test_a_jsonl_prompt_over_the_limit_is_dropped_and_counted_or_refused(tmp_pat
 
 @pytest.mark.parametrize(
     ("asked", "new_tokens", "context", "limit"),
-    [(None, 5, 64, 59), (32, 5, 64, 32), (None, 5, None, None), (40, 5, None, 40),
-     (60, 5, 64, "at most 59 tokens of prompt"), (None, 64, 64, "leaves no room for a prompt")],
-)  # fmt: skip
+    [
+        (None, 5, 64, 59),
+        (32, 5, 64, 32),
+        (None, 5, None, None),
+        (40, 5, None, 40),
+        (60, 5, 64, "at most 59 tokens of prompt"),
+        (None, 64, 64, "leaves no room for a prompt"),
+    ],
+)
 def test_the_prompt_limit_is_what_the_models_context_leaves(asked, new_tokens, context, limit):
     from pipelines.spec import spec_from_dict
-    from pipelines.tasks import prompt_limit
+    from pipelines.spec.tasks import prompt_limit
 
     spec = spec_from_dict({"task": {"max_prompt_tokens": asked}, "rollout": {"max_new_tokens": new_tokens}})
     if isinstance(limit, str):

@@ -86,8 +86,9 @@ def test_decoupled_ppo_gets_the_policy_of_the_step_start_as_proximal():
     proximal policy stays the step's start, so later updates see π_θ/π_prox move."""
     model, tok = small_model()
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
-    trainer = TrainerWorker(model, tok.pad_token_id, "decoupled_ppo", optim=OptimConfig(ppo_epochs=2, mini_batches=4,
-                            lr=1e-2))  # fmt: skip
+    trainer = TrainerWorker(
+        model, tok.pad_token_id, "decoupled_ppo", optim=OptimConfig(ppo_epochs=2, mini_batches=4, lr=1e-2)
+    )
     metrics = trainer.step(rollout(engine))
     assert metrics["policy/m2_behav_prox"] < 1e-8 and metrics["policy/behav_weight_mean"] == pytest.approx(1, abs=1e-4)
     assert metrics["policy/ratio_max"] > 1.0 and metrics["train/skipped_updates"] == 0.0
@@ -161,10 +162,17 @@ def test_missing_advantages_and_bad_settings_fail_clearly():
 def _with_zero_groups(experiences: list[Experience]) -> list[Experience]:
     """The first group's advantages set to 0 (a group that scored alike), the rest kept."""
     return [
-        Experience(e.prompt_ids, e.response_ids, e.logprobs, e.reward, e.policy_version, e.prompt_id,
-                   0.0 if i < G else (e.advantage or 0.5))
+        Experience(
+            e.prompt_ids,
+            e.response_ids,
+            e.logprobs,
+            e.reward,
+            e.policy_version,
+            e.prompt_id,
+            0.0 if i < G else (e.advantage or 0.5),
+        )
         for i, e in enumerate(experiences)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -180,8 +188,15 @@ def test_leaving_out_zero_advantage_rows_gives_the_same_update(algorithm, loss_a
     for skip in (False, True):
         copy_ = copy.deepcopy(model)
         copy_.register_forward_pre_hook(lambda _m, _a, kw: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
-        trainer = TrainerWorker(copy_, tok.pad_token_id, algorithm, options, OptimConfig(lr=1e-2, mini_batches=2),
-                                seed=5, skip_zero_advantage=skip)  # fmt: skip
+        trainer = TrainerWorker(
+            copy_,
+            tok.pad_token_id,
+            algorithm,
+            options,
+            OptimConfig(lr=1e-2, mini_batches=2),
+            seed=5,
+            skip_zero_advantage=skip,
+        )
         metrics = [trainer.step(batch) for _ in range(2)]
         results.append((metrics, trainer.state_dict()))
     (full, full_weights), (skipped, skipped_weights) = results
@@ -213,8 +228,10 @@ def test_losses_that_give_zero_advantage_rows_a_term_train_on_every_row(algorith
 def test_an_all_zero_advantage_batch_still_takes_its_optimiser_step():
     model, tok = small_model()
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=4)
-    batch = [Experience(e.prompt_ids, e.response_ids, e.logprobs, e.reward, e.policy_version, e.prompt_id, 0.0)
-             for e in rollout(engine)]  # fmt: skip
+    batch = [
+        Experience(e.prompt_ids, e.response_ids, e.logprobs, e.reward, e.policy_version, e.prompt_id, 0.0)
+        for e in rollout(engine)
+    ]
     trainer = TrainerWorker(model, tok.pad_token_id, "grpo", optim=OptimConfig(lr=1e-2))
     trainer.step(_with_zero_groups(rollout(engine)))  # momentum from a batch with signal
     before = trainer.checksum()
@@ -248,14 +265,22 @@ def test_reading_each_prompt_once_matches_on_a_qwen2_model_too():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = Qwen2ForCausalLM(config)
     prompts = [torch.randint(3, 64, (n,)) for n in (3, 7, 5)]
     experiences = [
         Experience(p, torch.randint(3, 64, (1 + (i + j) % 6,)), torch.zeros(1 + (i + j) % 6), 0.0, 0, i, 0.5)
-        for i, p in enumerate(prompts) for j in range(4)
-    ]  # fmt: skip
+        for i, p in enumerate(prompts)
+        for j in range(4)
+    ]
     batch = collate(experiences, pad_token_id=0)
     grads = []
     for shared in (True, False):
@@ -281,8 +306,9 @@ def test_the_shared_prompt_gradient_is_bit_identical_with_another_thread_busy():
     prompts = [torch.randint(4, 20, (7,), generator=g) for _ in range(64)]
     experiences = [
         Experience(p, torch.randint(4, 20, (5,), generator=g), torch.zeros(5), 0.0, 0, i, 1.0)
-        for i, p in enumerate(prompts) for _ in range(8)
-    ][3:-2]  # fmt: skip  # groups split unevenly across threads, as after leaving zero-advantage rows out
+        for i, p in enumerate(prompts)
+        for _ in range(8)
+    ][3:-2]  # groups split unevenly across threads, as after leaving zero-advantage rows out
     batch = collate(experiences, tokenizer.pad_token_id)
     previous = torch.get_num_threads()
     torch.set_num_threads(2)

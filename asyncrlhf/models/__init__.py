@@ -1,0 +1,36 @@
+"""Policies: the tiny default model and its tokenizer (:mod:`.tiny`), its warm start
+(:mod:`.warmstart`), the shipped start checkpoint, caching and loading (:mod:`.policies`),
+and the numerics rollout and training share (:mod:`.ops`)."""
+
+from asyncrlhf.models.ops import cache_argument, gather_cache_rows, token_logprobs, weights_checksum
+from asyncrlhf.models.policies import (
+    SHIPPED_POLICY,
+    build_policy,
+    cache_dir,
+    load_pretrained,
+    load_tokenizer,
+    pretrained_policy,
+    shipped_policy,
+)
+from asyncrlhf.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from asyncrlhf.models.warmstart import WarmStartConfig, fit_answers, warm_start
+
+__all__ = [
+    "SHIPPED_POLICY",
+    "TinyModelConfig",
+    "WarmStartConfig",
+    "build_char_tokenizer",
+    "build_policy",
+    "build_tiny_model",
+    "cache_argument",
+    "cache_dir",
+    "fit_answers",
+    "gather_cache_rows",
+    "load_pretrained",
+    "load_tokenizer",
+    "pretrained_policy",
+    "shipped_policy",
+    "token_logprobs",
+    "warm_start",
+    "weights_checksum",
+]

@@ -1,0 +1,94 @@
+"""Shared numerics: :func:`token_logprobs` is the one definition of "log-prob of a token
+under temperature T" that the rollout engine and the trainer both use (so on-policy
+ratios are exactly 1); KV-cache row gathering; weight checksums."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["cache_argument", "gather_cache_rows", "token_logprobs", "weights_checksum"]
+
+
+def cache_argument(model: Any) -> str:
+    """The name of ``model.forward``'s KV-cache argument (and output): transformers 5
+    renamed ``past_key_values`` to ``cache``. Looked up once per model class (the
+    trainer asks on every pass)."""
+    return _cache_argument_of(type(model))
+
+
+@functools.cache
+def _cache_argument_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def gather_cache_rows(cache: Any, index: torch.Tensor) -> bool:
+    """Replace a KV cache's batch rows by ``cache[index]``, differentiably; False when
+    the cache cannot gather (it is then unchanged).
+
+    transformers' own ``batch_select_indices`` gathers with advanced indexing, whose
+    backward (``index_put_`` with accumulate) adds into repeated rows with atomic float
+    adds across threads on the CPU: the sum's order, and so the gradient's last bits,
+    then depend on thread timing. A dynamic layer's keys and values are gathered here
+    with ``index_select`` instead, whose backward adds in index order (bit-reproducible
+    at any thread count); any other layer keeps its own method.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        if not hasattr(cache, "batch_select_indices"):
+            return False
+        cache.batch_select_indices(index)
+        return True
+    for layer in layers:
+        if _plain_dynamic_layer(layer):
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        else:
+            layer.batch_select_indices(index)
+    return True
+
+
+def _plain_dynamic_layer(layer: Any) -> bool:
+    """A layer whose whole batch state is its ``keys`` and ``values`` (transformers'
+    ``DynamicLayer`` itself, not a subclass that selects more)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return (
+        type(layer).batch_select_indices is DynamicLayer.batch_select_indices
+        and isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and isinstance(getattr(layer, "values", None), torch.Tensor)
+        and layer.keys.numel() > 0
+    )
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log π(token) under ``softmax(logits / T)``, in float32.
+
+    Args:
+        logits: Tensor[..., V].
+        tokens: LongTensor[...] matching ``logits`` without its last dimension.
+        temperature: T > 0; 0 (greedy) is scored as T = 1.
+
+    Returns:
+        Tensor[...] of log-probs.
+    """
+    scale = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / scale, dim=-1)  # (..., V)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def weights_checksum(weights: Any) -> str:
+    """SHA-256 over every tensor of a model or state dict, in key order (device-agnostic)."""
+    state: Mapping[str, torch.Tensor] = weights.state_dict() if hasattr(weights, "state_dict") else weights
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")  # the buffer itself, no copy
+    return digest.hexdigest()
