@@ -56,7 +56,7 @@ done
 echo "== 5. stop during the final upload"
 cat > kill.py <<'PY'
 import os, signal, sys
-import pipelines.run as run
+import pipelines.run.experiment as run
 from pipelines.spec import load_spec
 run._log_policy = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
 run.run_experiment(load_spec(sys.argv[1], sys.argv[2:]))

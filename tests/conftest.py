@@ -14,6 +14,10 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# tests/plugins/ holds a user's extension files: imported by the specs that name them
+# (and then unregistered), never collected, so the registries hold only the built-ins.
+collect_ignore = ["plugins"]
+
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]),

@@ -6,8 +6,9 @@ import torch
 
 from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model
 
-SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                        max_position_embeddings=32)  # fmt: skip
+SMALL = TinyModelConfig(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=32
+)
 
 
 def small_model(seed: int = 0):  # type: ignore[no-untyped-def]

@@ -37,3 +37,24 @@ def test_importing_the_core_loads_no_optional_dependency():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+FLOORS = ["spec", "tracking", "run", "sweeps", "bench", "cli"]  # each may import only those before it
+
+
+def test_no_pipelines_subpackage_imports_one_above_it():
+    upward = []
+    for path in PIPELINES.rglob("*.py"):
+        floor = path.relative_to(PIPELINES).parts[0]
+        if floor not in FLOORS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            modules += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for module in modules:
+                parts = [*module.split("."), ""]
+                if parts[0] == "pipelines" and parts[1] in FLOORS and FLOORS.index(parts[1]) > FLOORS.index(floor):
+                    upward.append(f"{path.relative_to(PIPELINES)}:{node.lineno} imports {module}")
+    assert upward == []
+    assert sorted(p.name for p in PIPELINES.iterdir() if p.suffix == ".py") == ["__init__.py"]  # no loose modules

@@ -8,7 +8,7 @@ yet each run is deterministic on a given CPU.
 
 Float kernels still differ between CPUs, so a run's path does too, and real CPUs differ
 more than kernel emulation shows (``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``,
-``ONEDNN_MAX_CPU_ISA``: see ``benchmarks/learning.py``). Each test runs one cell, seed 0
+``ONEDNN_MAX_CPU_ISA``: see ``pipelines/bench/learning.py``). Each test runs one cell, seed 0
 on this machine's kernels, of a setting whose gain is large against its spread; SPREAD
 records what was measured, on emulated kernels and on real CPUs, and each threshold sits
 below the worst cell by more than the largest drop seen between real CPUs.
@@ -39,7 +39,7 @@ SETTINGS = {
     ),
 }
 SPREAD = {
-    # benchmarks.learning.run_in_subprocess(kernels, seed, SETTINGS["m2po"][0], QUICKSTART), one cell each
+    # pipelines.bench.learning.run_in_subprocess(kernels, seed, SETTINGS["m2po"][0], QUICKSTART), one cell each
     "m2po": "Xeon with AMX (AVX512), 2026-12-01: seed 0 +17.5 native / +15.0 avx2 / +17.0 default, seed 1 +16.5 "
     "native. Across real CPUs, the earlier setting (addition.yaml, constant lr 2e-4) fell from +18.0 (AMD EPYC, "
     "AVX2) to +9.5 (AMD EPYC, AVX512 without AMX): a drop of 8.5 that kernel emulation did not show. Threshold "
@@ -66,18 +66,18 @@ def test_rl_lifts_held_out_accuracy_from_the_shipped_start(algorithm):
 def test_rl_on_ray_with_two_rollout_actors_lifts_held_out_accuracy():
     """The same learning through the Ray runtime: two rollout actors, one trainer actor,
     lagged k = 1 (chunks are seeded by position, so the run is deterministic)."""
-    from pipelines.run import build_orchestrator
+    from pipelines.run import build_runtime
 
     schedule = ["trainer.lr=4.5e-4", "trainer.warmup_ratio=0.08", "trainer.lr_decay=cosine"]  # the quick start's
     spec = load_spec(
         REPO / "experiments" / "ray_async.yaml",
         [*LAGGED, *schedule, "trainer.steps=200", "orchestrator.eval_every=200"],
     )
-    orchestrator = build_orchestrator(spec)
+    orchestrator = build_runtime(spec)
     try:
         history = orchestrator.run(200)
     finally:
-        orchestrator.shutdown()
+        orchestrator.close()
     start = history.initial_metrics["eval/accuracy"]
     ((_, final),) = history.metric("eval/accuracy")
     print(f"ray grpo: held-out accuracy {start:.3f} -> {final:.3f} in {history.summary['time/total_s']:.0f} s")

@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipelines.plots import plot_study_curves
 from pipelines.sweeps.report import SweepReport, staleness_axes
+from pipelines.tracking.plots import plot_study_curves
 
 __all__ = ["CURVE_METRICS", "Curve", "study_curves", "write_study_curves"]
 
@@ -35,8 +35,12 @@ def _seed_curve(series: list[dict[int, float]], scale: int = 1) -> Curve | None:
     if not steps:
         return None
     values = [[s[step] for s in series] for step in steps]
-    return ([step * scale for step in steps], [statistics.fmean(v) for v in values], [min(v) for v in values],
-            [max(v) for v in values])  # fmt: skip
+    return (
+        [step * scale for step in steps],
+        [statistics.fmean(v) for v in values],
+        [min(v) for v in values],
+        [max(v) for v in values],
+    )
 
 
 def study_curves(client: Any, report: SweepReport) -> dict[str, dict[Any, dict[Any, Curve]]]:

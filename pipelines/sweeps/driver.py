@@ -1,4 +1,5 @@
-"""The sweep driver: configurations from Optuna, runs on Ray actors, results into MLflow.
+"""The sweep driver: configurations from Optuna, runs on Ray actors, results into MLflow
+(:func:`~pipelines.sweeps.sweep.run_sweep` starts it).
 
 The driver (this process) is the only writer of both stores. A trial is one
 configuration; with ``seeds: [0, 1, 2]`` it runs once per seed and its value (what
@@ -25,35 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.checkpoints import checkpoint_folder
-from pipelines.processes import stop_requested
+from pipelines.run.checkpoint_store import checkpoint_folder
+from pipelines.run.processes import stop_requested
 from pipelines.spec import spec_from_dict
-from pipelines.specfile import SpecError, run_name_for, set_path
+from pipelines.spec.files import SpecError, run_name_for, set_path
 from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
-from pipelines.sweeps.report import SweepReport, trial_rows
+from pipelines.sweeps.report import trial_rows
 from pipelines.sweeps.spec import SweepSpec, choice_value
-from pipelines.sweeps.trial import TrialRunner, check_resources
-from pipelines.tracking import Tracker, end_run, new_run, open_store, resolve_tracking_uri
+from pipelines.sweeps.trial import TrialRunner
+from pipelines.tracking import Tracker, end_run, new_run
 
-__all__ = ["SweepResult", "TrialRunner", "run_sweep"]
-
-
-@dataclass
-class SweepResult:
-    """What a sweep call returns: the study's trials (this call's and earlier ones)."""
-
-    parent_run_id: str
-    study_name: str
-    storage: str
-    report: SweepReport
-    ran: int  # trials started by this call
-    tracking_uri: str
-    complete: bool
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        return self.report.rows
+__all__ = ["Driver"]
 
 
 @dataclass
@@ -92,63 +76,7 @@ class _Job:
     done: bool = False
 
 
-def run_sweep(
-    sweep: SweepSpec,
-    base: dict[str, Any],
-    max_trials: int | None = None,
-    on_trial: Callable[[dict[str, Any]], None] | None = None,
-    poll_s: float = 1.0,
-) -> SweepResult:
-    """Run (or resume) a sweep until it has ``sweep.num_trials`` finished trials, or this
-    call has started ``max_trials``. Uses Ray if initialised (a test fixture), else starts
-    one as ``sweep.runtime`` says; only one driver may run a study at a time.
-
-    Args:
-        sweep: the sweep.
-        base: its base experiment mapping (from :func:`~pipelines.sweeps.load_sweep`).
-        max_trials: a budget of trials for this call (None: until the target).
-        on_trial: called with each trial's summary row as it finishes.
-        poll_s: how often running trials are polled for metrics.
-    """
-    from asyncrlhf.distributed import ray_runtime
-
-    uri = resolve_tracking_uri(sweep.tracking.uri)
-    storage = sweep.storage or studies.default_storage(uri)
-    runtime = sweep.runtime
-    with studies.driver_lock(storage, sweep.study_name):
-        client = open_store(uri)  # both stores checked before Ray starts: a damaged one is one line
-        study = studies.make_study(sweep, base, storage)
-        if sweep_runs.PARENT not in study.user_attrs:
-            sweep_runs.refuse_orphaned(client, sweep, storage)
-        with ray_runtime(runtime.address, runtime.num_cpus):
-            check_resources(sweep)
-            return _run_locked(sweep, base, max_trials, on_trial, poll_s, (uri, client), study, storage)
-
-
-def _run_locked(
-    sweep: SweepSpec, base: dict[str, Any], max_trials: int | None, on_trial: Any, poll_s: float,
-    store: tuple[str, Any], study: Any, storage: str,
-) -> SweepResult:  # fmt: skip
-    """:func:`run_sweep` while holding the study's driver lock, Ray started; ``store`` is
-    the tracking URI and its client."""
-    uri, client = store
-    sweep_runs.interrupt_stale(study, client)  # trials left RUNNING by a killed driver
-    parent = sweep_runs.parent_run(client, sweep, study, storage)
-    sweep_runs.end_open_children(client, parent)  # and runs it was creating
-    driver = _Driver(sweep, base, study, client, parent, max_trials, on_trial)
-    try:
-        driver.run(poll_s)
-    except BaseException:
-        driver.interrupt()
-        end_run(client, parent, "KILLED", "interrupted")
-        raise
-    report = SweepReport(sweep, trial_rows(study, sweep))
-    complete = len(studies.counted(study)) >= sweep.num_trials
-    sweep_runs.log_summary(client, parent, report, complete, len(study.user_attrs.get("resumed_runs", [])))
-    return SweepResult(parent, sweep.study_name, storage, report, driver.started, uri, complete)
-
-
-class _Driver:
+class Driver:
     """Asks Optuna for configurations, runs each seed of each in an actor (at most
     ``sweep.parallel`` at once), streams their metrics to MLflow, reports the seed-mean
     objective to Optuna for pruning, and tells Optuna each configuration's result."""
@@ -248,8 +176,13 @@ class _Driver:
         try:
             spec_from_dict(self._job_data(data, trial.number, self.seeds[0], params), source=f"trial {trial.number}")
         except SpecError as err:  # an invalid combination: a failed trial, the sweep goes on
-            tags = {"mlflow.parentRunId": self.parent, "sweep.trial": str(trial.number), "error": str(err)[:4000],
-                    "sweep.params": json.dumps(params), "sweep.name": self.sweep.name}  # fmt: skip
+            tags = {
+                "mlflow.parentRunId": self.parent,
+                "sweep.trial": str(trial.number),
+                "error": str(err)[:4000],
+                "sweep.params": json.dumps(params),
+                "sweep.name": self.sweep.name,
+            }
             name = self._name(trial.number, params)
             run_id = new_run(self.client, self.sweep.tracking.experiment, name, tags, params)
             end_run(self.client, run_id, "FAILED", "failed")
@@ -284,8 +217,12 @@ class _Driver:
         return name if seed is None or not self.sweep.seeds else f"{name}·s{seed}"
 
     def _tags(self, number: int, params: dict[str, Any], seed: int) -> dict[str, str]:
-        return {"sweep.trial": str(number), "sweep.params": json.dumps(params), "sweep.name": self.sweep.name,
-                "sweep.seed": str(seed)}  # fmt: skip
+        return {
+            "sweep.trial": str(number),
+            "sweep.params": json.dumps(params),
+            "sweep.name": self.sweep.name,
+            "sweep.seed": str(seed),
+        }
 
     @staticmethod
     def _run_ids(config: _Config) -> dict[str, str]:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.plots import plot_objective, plot_staleness
-from pipelines.stats import SeedSummary, summarize
 from pipelines.sweeps.spec import STALENESS_KEYS, SweepSpec
+from pipelines.sweeps.stats import SeedSummary, summarize
 from pipelines.sweeps.study import INTERRUPTED
+from pipelines.tracking.plots import plot_objective, plot_staleness
 
 __all__ = ["SweepReport", "format_value", "staleness_axes", "staleness_table", "trial_rows"]
 
@@ -124,19 +124,41 @@ class SweepReport:
         """Flat records (rank, trial, state, objective, spread, params…): CSV and JSON."""
         out = []
         for rank, r in enumerate(self.rows, 1):
-            record = {"rank": rank, "trial": r["number"], "state": r["state"], self.sweep.objective: r["value"],
-                      "std": r["std"], "ci95": r["ci95"], "n": r["n"]}  # fmt: skip
+            record = {
+                "rank": rank,
+                "trial": r["number"],
+                "state": r["state"],
+                self.sweep.objective: r["value"],
+                "std": r["std"],
+                "ci95": r["ci95"],
+                "n": r["n"],
+            }
             record.update({key: r["params"].get(key) for key in self.sweep.space})
-            record.update({"seed_values": r["seed_values"], "last_step": r["last_step"], "duration_s": r["duration_s"],
-                           "run_ids": r["run_ids"], "error": r["error"]})  # fmt: skip
+            record.update(
+                {
+                    "seed_values": r["seed_values"],
+                    "last_step": r["last_step"],
+                    "duration_s": r["duration_s"],
+                    "run_ids": r["run_ids"],
+                    "error": r["error"],
+                }
+            )
             out.append(record)
         return out
 
     def display(self) -> tuple[list[str], list[list[str]]]:
         """Header and string cells for people: the CLI's table and ``trials.md``."""
         seeded = bool(self.sweep.seeds)
-        head = ["rank", "trial", "state", self.objective_label, *(["std", "per seed"] if seeded else []),
-                *self.sweep.space, "steps", "time (s)"]  # fmt: skip
+        head = [
+            "rank",
+            "trial",
+            "state",
+            self.objective_label,
+            *(["std", "per seed"] if seeded else []),
+            *self.sweep.space,
+            "steps",
+            "time (s)",
+        ]
         cells = []
         for rank, r in enumerate(self.rows, 1):
             spread = []
@@ -152,8 +174,12 @@ class SweepReport:
     def markdown(self) -> str:
         sweep, (head, cells) = self.sweep, self.display()
         seeds = f" × seeds {sweep.seeds}" if sweep.seeds else ""
-        lines = [f"# {sweep.name}: {len(self.rows)} trials{seeds}, {sweep.direction} {sweep.objective}", "",
-                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+        lines = [
+            f"# {sweep.name}: {len(self.rows)} trials{seeds}, {sweep.direction} {sweep.objective}",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
         lines += ["| " + " | ".join(row) + " |" for row in cells]
         return "\n".join(lines) + "\n"
 

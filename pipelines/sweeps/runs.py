@@ -9,19 +9,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.checkpoints import CheckpointError, Checkpoints, checkpoint_folder
-from pipelines.specfile import flatten
-from pipelines.store import owner_tags
+from pipelines.run.checkpoint_store import CheckpointError, Checkpoints, checkpoint_folder
+from pipelines.spec.files import flatten
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.curves import write_study_curves
 from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.tracking import Tracker, end_run, new_run
+from pipelines.tracking.store import owner_tags
 
 __all__ = [
-    "adopt_finished", "end_open_children", "hand_over", "interrupt", "interrupt_stale", "log_summary", "parent_run",
-    "refuse_orphaned", "resume_run", "seed_key", "take",
-]  # fmt: skip
+    "adopt_finished",
+    "end_open_children",
+    "hand_over",
+    "interrupt",
+    "interrupt_stale",
+    "log_summary",
+    "parent_run",
+    "refuse_orphaned",
+    "resume_run",
+    "seed_key",
+    "take",
+]
 
 RESUMABLE = "resumable"  # study attribute: seed key → run cut off unfinished, to continue from its checkpoint
 FINISHED = "finished"  # study attribute: seed key → run that FINISHED in a trial cut off, to adopt
@@ -135,8 +144,14 @@ def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
             return run_id
         except Exception:  # the parent lives in another store: start a new one
             pass
-    tags = {"sweep.name": sweep.name, "sweep.method": sweep.method, "sweep.objective": sweep.objective,
-            "sweep.storage": storage, "asyncrlhf.status": "running", **sweep.tracking.tags}  # fmt: skip
+    tags = {
+        "sweep.name": sweep.name,
+        "sweep.method": sweep.method,
+        "sweep.objective": sweep.objective,
+        "sweep.storage": storage,
+        "asyncrlhf.status": "running",
+        **sweep.tracking.tags,
+    }
     run_id = new_run(client, sweep.tracking.experiment, sweep.name, tags, flatten(sweep))
     study.set_user_attr(PARENT, run_id)
     return run_id
@@ -146,7 +161,7 @@ def refuse_orphaned(client: Any, sweep: SweepSpec, storage: str) -> None:
     """A new study whose sweep already has a parent run with trials in MLflow lost its
     study store (``optuna.db`` deleted or moved): running it would repeat every trial
     under a second parent. Refused, naming both and what to do."""
-    from pipelines.storecheck import StoreError
+    from pipelines.tracking.integrity import StoreError
 
     experiment = client.get_experiment_by_name(sweep.tracking.experiment)
     if experiment is None:
@@ -155,12 +170,15 @@ def refuse_orphaned(client: Any, sweep: SweepSpec, storage: str) -> None:
     for parent in parents:  # compared here: a name or path may hold a quote the filter cannot
         if (parent.data.tags.get("sweep.name"), parent.data.tags.get("sweep.storage")) != (sweep.name, storage):
             continue
-        children = client.search_runs([experiment.experiment_id], max_results=1,
-                                      filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")  # fmt: skip
+        children = client.search_runs(
+            [experiment.experiment_id], max_results=1, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+        )
         if children:
-            raise StoreError(f"sweep {sweep.name!r} has no study in {storage}, but MLflow run {parent.info.run_id} "
-                             "is its parent, with trials (was the study's database deleted or moved?): restore it, "
-                             f"or give the sweep a new name (--set name={sweep.name}-2) to start over")  # fmt: skip
+            raise StoreError(
+                f"sweep {sweep.name!r} has no study in {storage}, but MLflow run {parent.info.run_id} "
+                "is its parent, with trials (was the study's database deleted or moved?): restore it, "
+                f"or give the sweep a new name (--set name={sweep.name}-2) to start over"
+            )
 
 
 def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, resumed: int) -> None:

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipelines.spec import TrackingSpec, spec_from_dict
-from pipelines.specerrors import format_validation_error
-from pipelines.specfile import SpecError, _Section, apply_overrides, read_yaml, set_path
+from pipelines.spec.errors import format_validation_error
+from pipelines.spec.files import SpecError, _Section, apply_overrides, read_yaml, set_path
 
 __all__ = [
     "STALENESS_KEYS",

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipelines.specfile import SpecError
+from pipelines.spec.files import SpecError
 from pipelines.sweeps.spec import SweepSpec, choice_label
 
 __all__ = [
@@ -92,7 +92,7 @@ def make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
     combinations are enqueued (once)."""
     import optuna
 
-    from pipelines.storecheck import check_sqlite, store_errors
+    from pipelines.tracking.integrity import check_sqlite, store_errors
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     db = Path(storage.removeprefix("sqlite:///")) if storage.startswith("sqlite:///") else None
@@ -118,9 +118,13 @@ def _make_study(sweep: SweepSpec, base: dict[str, Any], storage: str) -> Any:
     else:
         pruner = optuna.pruners.NopPruner()
     study = optuna.create_study(
-        storage=storage, study_name=sweep.study_name, sampler=sampler, pruner=pruner, direction=sweep.direction,
+        storage=storage,
+        study_name=sweep.study_name,
+        sampler=sampler,
+        pruner=pruner,
+        direction=sweep.direction,
         load_if_exists=True,
-    )  # fmt: skip
+    )
     signature, known = _signature(sweep, base), study.user_attrs.get("sweep_hash")
     if known is None:
         study.set_user_attr("sweep_hash", signature)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipelines.spec import spec_from_dict
-from pipelines.specfile import SpecError
+from pipelines.spec.files import SpecError
 
 if TYPE_CHECKING:
     from pipelines.sweeps.spec import SweepSpec

@@ -36,7 +36,7 @@ def env() -> dict[str, str]:
 def chat_model_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     """A Qwen2 chat model with its BPE tokenizer, as ``asyncrlhf chat-model`` builds it,
     with a 5-step warm start (the shipped word-problem data)."""
-    from pipelines.chatmodel import DATA, build_chat_model
+    from pipelines.run.chatmodel import DATA, build_chat_model
 
     out = tmp_path_factory.mktemp("chat") / "word-problems"
     build_chat_model(out, REPO / DATA / "train.jsonl", REPO / DATA / "test.jsonl", steps=5, batch_size=16)

@@ -1,6 +1,7 @@
-"""The README's bad-input table, row by row: each input exits with the code and the one
-line the table gives (``…`` stands for what varies by machine), no traceback, and no
-MLflow run. The commands run in-process through the real Typer app."""
+"""The bad-input cases (``bad_inputs.yaml``, also the table of docs/reliability.md), one by
+one: each input exits with the code and the one line the case gives (``…`` stands for
+what varies by machine), no traceback, and no MLflow run. The commands run in-process
+through the real Typer app."""
 
 from __future__ import annotations
 
@@ -19,14 +20,7 @@ from pipelines.cli import app
 from pipelines.sweeps.study import default_storage, driver_lock
 from tests.pipelines.conftest import REPO
 
-README = (REPO / "README.md").read_text()
-TABLE = README.split("<!-- bad-input table -->")[1]
-ROWS = [line for line in TABLE.splitlines() if line.startswith("| `asyncrlhf")]  # | `command` | exit | `message` |
-
-
-def parse(row: str) -> tuple[str, int, str]:
-    command, code, message = (cell.strip() for cell in row.strip("|").split(" | "))
-    return command.strip("`").removeprefix("asyncrlhf "), int(code), message.strip("`")
+CASES = yaml.safe_load((Path(__file__).with_name("bad_inputs.yaml")).read_text(encoding="utf-8"))
 
 
 def setup_files(folder: Path) -> None:
@@ -48,17 +42,18 @@ def setup_files(folder: Path) -> None:
     (folder / "missing.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n{"question": "2+2="}\n')
     (folder / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "2"}\n'.encode("latin-1"))
     (folder / "empty.jsonl").write_text("")
-    (folder / "long.jsonl").write_text("".join(json.dumps({"question": str(i) * 300, "answer": "1"}) + "\n"
-                                               for i in range(10)))  # fmt: skip
+    (folder / "long.jsonl").write_text(
+        "".join(json.dumps({"question": str(i) * 300, "answer": "1"}) + "\n" for i in range(10))
+    )
 
 
-def test_the_table_has_its_rows():
-    assert len(ROWS) >= 15
+def test_the_cases_are_there():
+    assert len(CASES) >= 15 and all(set(case) == {"command", "exit", "message"} for case in CASES)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[parse(r)[0][:60] for r in ROWS])
-def test_each_bad_input_row_holds(row, store, tmp_path, monkeypatch):
-    command, code, message = parse(row)
+@pytest.mark.parametrize("case", CASES, ids=[c["command"].removeprefix("asyncrlhf ")[:60] for c in CASES])
+def test_each_bad_input_case_holds(case, store, tmp_path, monkeypatch):
+    command, code, message = case["command"].removeprefix("asyncrlhf "), case["exit"], case["message"]
     setup_files(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "400")

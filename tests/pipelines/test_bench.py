@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.bench import Figure, compare
+from pipelines.bench.gate import Figure, compare
 from tests.pipelines.conftest import cli, env
 
 
@@ -20,12 +20,16 @@ def test_gate_uses_relative_and_absolute_tolerances():
     result = {
         c.figure.name: c
         for c in compare(
-            [fig("speed", 7.4), fig("cost", 2.4, "lower"), fig("bubble", 0.11, "lower", tolerance=0.05, absolute=True),
-             fig("fresh", 1.0)],
+            [
+                fig("speed", 7.4),
+                fig("cost", 2.4, "lower"),
+                fig("bubble", 0.11, "lower", tolerance=0.05, absolute=True),
+                fig("fresh", 1.0),
+            ],
             baseline,
             tolerance=0.25,
         )
-    }  # fmt: skip
+    }
     assert result["speed"].status == "regressed" and result["speed"].limit == pytest.approx(7.5)  # 10 × (1 − 0.25)
     assert result["cost"].status == "ok" and result["cost"].limit == pytest.approx(2.5)  # 2 × (1 + 0.25)
     assert result["bubble"].status == "regressed" and result["bubble"].limit == pytest.approx(0.10)  # 0.05 + 0.05
@@ -46,8 +50,18 @@ def bench(tmp_path, *args: str) -> subprocess.CompletedProcess:  # type: ignore[
 
 def baseline_file(tmp_path, figures: dict[str, float]) -> str:
     path = tmp_path / "baseline.json"
-    path.write_text(json.dumps({"suites": {"quick": {"environment": {}, "figures": {
-        name: {"median": value} for name, value in figures.items()}}}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "suites": {
+                    "quick": {
+                        "environment": {},
+                        "figures": {name: {"median": value} for name, value in figures.items()},
+                    }
+                }
+            }
+        )
+    )
     return str(path)
 
 
@@ -86,8 +100,12 @@ def test_update_baseline_rewrites_it_with_the_environment(tmp_path):
     done = bench(tmp_path, "--case", "losses", "--baseline", str(path), "--update-baseline", "--no-track")
     assert done.returncode == 0, done.stdout[-3000:]
     data = json.loads(path.read_text())["suites"]["quick"]
-    assert set(data["figures"]) == {"losses.m2po_vs_ppo", "losses.m2po_trust_region_vs_ppo", "losses.m2po_token_vs_ppo",
-                                   "losses.grpo_vs_ppo"}  # fmt: skip
+    assert set(data["figures"]) == {
+        "losses.m2po_vs_ppo",
+        "losses.m2po_trust_region_vs_ppo",
+        "losses.m2po_token_vs_ppo",
+        "losses.grpo_vs_ppo",
+    }
     assert data["environment"]["torch"] and data["environment"]["cpu_count"]
 
 
@@ -104,9 +122,14 @@ def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     names = {f["name"] for f in report["figures"]}
-    assert {"reward.speedup_vs_loop.B256_L1024", "losses.m2po_vs_ppo", "buffer.bounded_vs_deque",
-            "overhead.tracking_frac", "decoded.symbolic.pool2_vs_loop",
-            "decoded.tensor_vs_decoded"} <= names  # fmt: skip
+    assert {
+        "reward.speedup_vs_loop.B256_L1024",
+        "losses.m2po_vs_ppo",
+        "buffer.bounded_vs_deque",
+        "overhead.tracking_frac",
+        "decoded.symbolic.pool2_vs_loop",
+        "decoded.tensor_vs_decoded",
+    } <= names
     assert all(f["min"] <= f["median"] <= f["max"] for f in report["figures"])
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("benchmarks")
@@ -116,7 +139,7 @@ def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
 
 
 def test_a_baseline_update_of_some_cases_keeps_the_environment_of_the_others(tmp_path):
-    from pipelines.bench import write_baseline
+    from pipelines.bench.gate import write_baseline
 
     path = tmp_path / "baseline.json"
     write_baseline(path, "full", [fig("reward.speedup", 5.0), fig("step.speedup", 2.0)], {"machine": "xeon"})

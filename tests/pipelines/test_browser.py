@@ -29,8 +29,13 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium: apt-get i
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
 QUICKSTART_DESCRIPTION = yaml.safe_load(QUICKSTART.read_text())["description"]
-TINY = ["trainer.steps=6", "trainer.batch_size=32", "orchestrator.eval_every=3", "task.eval_size=20",
-        "runtime.torch_threads=1"]  # fmt: skip
+TINY = [
+    "trainer.steps=6",
+    "trainer.batch_size=32",
+    "orchestrator.eval_every=3",
+    "task.eval_size=20",
+    "runtime.torch_threads=1",
+]
 SHOTS = Path(os.environ.get("BROWSER_SHOTS", REPO / ".test-artifacts" / "browser"))
 
 
@@ -38,8 +43,13 @@ def serve(store: str, folder: Path) -> tuple[subprocess.Popen, dict[str, str]]: 
     """``asyncrlhf ui`` on a free port; its process and the runs URL it printed per experiment."""
     out = (folder / "ui.out").open("w+")
     port = free_port()
-    ui = subprocess.Popen([*cli(), "ui", "--port", str(port), "--uri", store], stdout=out, stderr=subprocess.STDOUT,
-                          env={**env(), "COLUMNS": "400"}, start_new_session=True)  # fmt: skip
+    ui = subprocess.Popen(
+        [*cli(), "ui", "--port", str(port), "--uri", store],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**env(), "COLUMNS": "400"},
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 90
     while "Application startup complete" not in (text := (folder / "ui.out").read_text()):
         assert ui.poll() is None and time.monotonic() < deadline, text[-2000:]
@@ -52,11 +62,18 @@ def serve(store: str, folder: Path) -> tuple[subprocess.Popen, dict[str, str]]: 
 def test_the_ui_shows_runs_charts_plots_and_a_sweeps_children(store, tmp_path):
     run_experiment(load_spec(QUICKSTART, TINY))
     sweep_file = tmp_path / "lagsweep.yaml"
-    sweep_file.write_text(yaml.safe_dump({
-        "name": "lagsweep", "base": str(QUICKSTART), "method": "grid", "parallel": 2,
-        "overrides": [*TINY, "orchestrator.mode=lagged", "orchestrator.lag=0"],
-        "space": {"orchestrator.lag": [0, 2]},
-    }))  # fmt: skip
+    sweep_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "lagsweep",
+                "base": str(QUICKSTART),
+                "method": "grid",
+                "parallel": 2,
+                "overrides": [*TINY, "orchestrator.mode=lagged", "orchestrator.lag=0"],
+                "space": {"orchestrator.lag": [0, 2]},
+            }
+        )
+    )
     assert run_sweep(*load_sweep(sweep_file), poll_s=0.2).complete
     ui, urls = serve(store, tmp_path)
     SHOTS.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,16 @@ from pipelines.spec import load_spec
 from tests.pipelines.conftest import REPO, cli, env
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
-SHORT = ["--set", "trainer.steps=6", "--set", "trainer.batch_size=64", "--set", "orchestrator.eval_every=3",
-         "--set", "task.eval_size=20"]  # fmt: skip
+SHORT = [
+    "--set",
+    "trainer.steps=6",
+    "--set",
+    "trainer.batch_size=64",
+    "--set",
+    "orchestrator.eval_every=3",
+    "--set",
+    "task.eval_size=20",
+]
 
 
 def runs(uri: str) -> list:
@@ -73,8 +81,15 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.tags["mode"] == "lagged" and run.data.tags["algorithm"] == "grpo" and "spec_hash" in run.data.tags
     client = MlflowClient(store)
-    for key in ["reward/mean", "loss/policy", "policy/clip_frac", "staleness/max", "buffer/size", "time/step_s",
-                "perf/samples_per_s"]:  # fmt: skip
+    for key in [
+        "reward/mean",
+        "loss/policy",
+        "policy/clip_frac",
+        "staleness/max",
+        "buffer/size",
+        "time/step_s",
+        "perf/samples_per_s",
+    ]:
         assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3, 4, 5, 6], key
     accuracy = client.get_metric_history(run.info.run_id, "eval/accuracy")
     assert sorted(m.step for m in accuracy) == [0, 3, 6]
@@ -137,8 +152,18 @@ def test_schema_command_prints_json_schema():
 
 def test_warmstart_builds_a_measured_checkpoint_and_never_overwrites(store, tmp_path):
     out = tmp_path / "start"
-    args = [*cli(), "warmstart", "--out", str(out), "--set", "model.warm_start.steps=3",
-            "--set", "model.warm_start.batch_size=8", "--set", "task.eval_size=20"]  # fmt: skip
+    args = [
+        *cli(),
+        "warmstart",
+        "--out",
+        str(out),
+        "--set",
+        "model.warm_start.steps=3",
+        "--set",
+        "model.warm_start.batch_size=8",
+        "--set",
+        "task.eval_size=20",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, env=env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / "asyncrlhf.json").read_text())
@@ -151,3 +176,25 @@ def test_warmstart_builds_a_measured_checkpoint_and_never_overwrites(store, tmp_
     assert again.returncode == 2 and "already exists" in again.stderr
     assert json.loads((out / "asyncrlhf.json").read_text()) == manifest
     assert runs(store) == []  # building a start checkpoint is not a run
+
+
+def test_sync_and_lagged_k0_are_the_same_run_step_for_step_through_the_cli(store):
+    """Lagged with k = 0 generates every batch with the weights sync uses: through the
+    CLI and MLflow, the two runs' learning curves are identical, step for step."""
+    curves = {}
+    for mode in ("--set=orchestrator.mode=sync", "--set=orchestrator.lag=0"):
+        done = subprocess.run(
+            [*cli(), "run", str(QUICKSTART), *SHORT, mode, "--set", "runtime.torch_threads=1"],
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        (run,) = [r for r in runs(store) if r.info.run_id not in {c[0] for c in curves.values()}]
+        client = MlflowClient(store)
+        keys = ("reward/mean", "loss/policy", "eval/accuracy", "staleness/max", "policy/clip_frac")
+        history = {k: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)] for k in keys}
+        curves[mode] = (run.info.run_id, history)
+    (_, sync), (_, lagged) = curves.values()
+    assert sync == lagged and len(sync["reward/mean"]) == 6 and len(sync["eval/accuracy"]) == 3

@@ -11,16 +11,25 @@ from pipelines.run import run_experiment
 from pipelines.spec import load_spec
 from tests.pipelines.conftest import REPO
 
-FLAKY = ("rewards=[{kind: decoded, scorer: 'tests.rewards.scorers:flaky', workers: 2, timeout_s: 0.1, "
-         "timeout_score: -1.0, error_score: -0.5}]")  # fmt: skip
+FLAKY = (
+    "rewards=[{kind: decoded, scorer: 'tests.rewards.scorers:flaky', workers: 2, timeout_s: 0.1, "
+    "timeout_score: -1.0, error_score: -0.5}]"
+)
 
 
 def test_a_hanging_and_raising_verifier_costs_rows_not_the_run(store):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    spec = load_spec(REPO / "experiments" / "quickstart.yaml", [
-        FLAKY, "trainer.steps=4", "trainer.batch_size=32", "orchestrator.eval_every=2", "task.eval_size=20",
-        "runtime.torch_threads=1",
-    ])  # fmt: skip
+    spec = load_spec(
+        REPO / "experiments" / "quickstart.yaml",
+        [
+            FLAKY,
+            "trainer.steps=4",
+            "trainer.batch_size=32",
+            "orchestrator.eval_every=2",
+            "task.eval_size=20",
+            "runtime.torch_threads=1",
+        ],
+    )
     result = run_experiment(spec)
     client = MlflowClient(store)
     run = client.get_run(result.run_id)
@@ -51,9 +60,16 @@ def live(process: psutil.Process) -> bool:
 @pytest.mark.usefixtures("ray_cluster")
 def test_on_ray_each_rollout_actor_scores_in_its_own_pool_and_counts_what_it_cost(store):
     often = FLAKY.replace("scorers:flaky", "scorers:often_flaky")  # a raise in about 4 of 10 rows
-    spec = load_spec(REPO / "experiments" / "ray_async.yaml", [
-        often, "trainer.steps=2", "trainer.batch_size=32", "orchestrator.eval_every=2", "task.eval_size=20",
-    ])  # fmt: skip
+    spec = load_spec(
+        REPO / "experiments" / "ray_async.yaml",
+        [
+            often,
+            "trainer.steps=2",
+            "trainer.batch_size=32",
+            "orchestrator.eval_every=2",
+            "task.eval_size=20",
+        ],
+    )
     result = run_experiment(spec)
     client = MlflowClient(store)
     assert client.get_run(result.run_id).info.status == "FINISHED"

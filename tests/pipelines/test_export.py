@@ -19,10 +19,11 @@ TINY = ["trainer.steps=2", "trainer.batch_size=32", "orchestrator.eval_every=0",
 def runs(tmp_path_factory) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
     store = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
     ids = [
-        run_experiment(load_spec(REPO / "experiments" / "quickstart.yaml", [*TINY, f"seed={seed}",
-                                                                           f"tracking.uri={store}"])).run_id
+        run_experiment(
+            load_spec(REPO / "experiments" / "quickstart.yaml", [*TINY, f"seed={seed}", f"tracking.uri={store}"])
+        ).run_id
         for seed in (0, 1)
-    ]  # fmt: skip
+    ]
     return store, ids
 
 

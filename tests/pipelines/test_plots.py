@@ -7,8 +7,8 @@ import pytest
 
 from asyncrlhf.orchestration import RunHistory
 from asyncrlhf.orchestration.history import TimelineEvent
-from pipelines.plots import _shares, plot_run_staleness, plot_timeline
 from pipelines.tracking import plot_title
+from pipelines.tracking.plots import _shares, plot_run_staleness, plot_timeline
 
 
 class Axis:
@@ -32,12 +32,18 @@ def test_time_shares_per_bin_add_up_to_the_busy_fraction():
 
 def test_long_runs_get_an_aggregated_timeline_and_every_run_a_staleness_plot(tmp_path):
     history = RunHistory(mode="async")
-    history.timeline = [TimelineEvent(w, p, i * 0.1, i * 0.1 + 0.05) for i in range(400)
-                        for w, p in (("rollout-0", "generate"), ("trainer", "train"))]  # fmt: skip
-    history.steps = [{"step": float(i), "staleness/mean": 1.0, "staleness/max": 1.0, "staleness/updates": 4.0}
-                     for i in range(1, 11)]  # fmt: skip
-    title = plot_title("quickstart·lr=0.0001", {"algorithm.name": "grpo", "orchestrator.mode": "async",
-                                                "buffer.max_staleness": "1", "trainer.lr": "0.0001"})  # fmt: skip
+    history.timeline = [
+        TimelineEvent(w, p, i * 0.1, i * 0.1 + 0.05)
+        for i in range(400)
+        for w, p in (("rollout-0", "generate"), ("trainer", "train"))
+    ]
+    history.steps = [
+        {"step": float(i), "staleness/mean": 1.0, "staleness/max": 1.0, "staleness/updates": 4.0} for i in range(1, 11)
+    ]
+    title = plot_title(
+        "quickstart·lr=0.0001",
+        {"algorithm.name": "grpo", "orchestrator.mode": "async", "buffer.max_staleness": "1", "trainer.lr": "0.0001"},
+    )
     assert title == "quickstart·lr=0.0001 — grpo, async (max_staleness 1), lr 0.0001"
     plot_timeline(history, tmp_path / "timeline.png", title)  # 800 events: shares per bin
     plot_run_staleness(history, tmp_path / "staleness.png", title)

@@ -26,8 +26,10 @@ def test_quickstart_lifts_held_out_accuracy(store):
     final = result.final_metrics["eval/accuracy"]
     tracking = result.final_metrics["perf/tracking_frac"]
     staleness = sorted({tau for step in result.history.staleness for tau in step})
-    print(f"quickstart: held-out accuracy {start:.3f} -> {final:.3f} (measured spread: {SPREAD}), "
-          f"tracking {tracking:.2%} of the run, staleness values {staleness}")  # fmt: skip
+    print(
+        f"quickstart: held-out accuracy {start:.3f} -> {final:.3f} (measured spread: {SPREAD}), "
+        f"tracking {tracking:.2%} of the run, staleness values {staleness}"
+    )
     assert start == 0.405  # the shipped checkpoint, identical everywhere
     assert final - start >= 0.17  # 4 points below the worst cell of the 9, 7.5 below seed 0's worst
     assert tracking < 0.05

@@ -17,11 +17,11 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from pipelines import cli as cli_module
-from pipelines.fit import check_fits, estimate_bytes
 from pipelines.run import run_experiment
 from pipelines.spec import load_spec
-from pipelines.specfile import SpecError
-from pipelines.store import HEARTBEAT_TAG, OWNER_TAG, STALE_AFTER_S, open_store, reconcile
+from pipelines.spec.files import SpecError
+from pipelines.spec.memory import check_fits, estimate_bytes
+from pipelines.tracking.store import HEARTBEAT_TAG, OWNER_TAG, STALE_AFTER_S, open_store, reconcile
 from tests.helpers import patience
 from tests.pipelines.conftest import REPO, env
 
@@ -62,10 +62,16 @@ def test_concurrent_first_use_of_a_new_store_initialises_it_once(tmp_path):
     """Four processes open a store that does not exist yet, at once (unlocked, 1 of 2
     and 3 of 4 used to fail with migration errors)."""
     uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
-    code = ("import sys; from pipelines.store import open_store; c = open_store(sys.argv[1]); "
-            "c.create_run(c.create_experiment(sys.argv[2]))")  # fmt: skip
-    processes = [subprocess.Popen([sys.executable, "-c", code, uri, f"e{i}"], cwd=REPO, env=env(),
-                                  stderr=subprocess.PIPE, text=True) for i in range(4)]  # fmt: skip
+    code = (
+        "import sys; from pipelines.tracking.store import open_store; c = open_store(sys.argv[1]); "
+        "c.create_run(c.create_experiment(sys.argv[2]))"
+    )
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, uri, f"e{i}"], cwd=REPO, env=env(), stderr=subprocess.PIPE, text=True
+        )
+        for i in range(4)
+    ]
     errors = [p.communicate(timeout=patience(120))[1] for p in processes]
     assert [p.returncode for p in processes] == [0] * 4, errors
     client = MlflowClient(uri)
@@ -93,7 +99,7 @@ def test_an_interrupt_before_the_run_exists_says_so_and_logs_nothing(store, monk
     def interrupted(*args, **kwargs):  # Ctrl-C while the model is being built
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("pipelines.run.build_orchestrator", interrupted)
+    monkeypatch.setattr("pipelines.run.experiment.build_runtime", interrupted)
     args = ["run", str(QUICKSTART), *[a for o in TINY for a in ("--set", o)]]
     result = CliRunner().invoke(cli_module.app, args)
     assert result.exit_code == 130
@@ -157,13 +163,21 @@ def test_a_stop_whose_interrupt_was_lost_at_start_up_still_stops_with_a_checkpoi
     """SIGTERM 5 s into a run on a new store: its KeyboardInterrupt was raised inside a
     finalizer ("Exception ignored in…") and the run trained to the end, FINISHED, exit 0
     (3 of 21 tries). The handler also records the signal; the step loop now polls it."""
-    from pipelines import processes
-    from pipelines.checkpoints import checkpoint_folder
-    from pipelines.processes import RunInterrupted
+    from pipelines.run import processes
+    from pipelines.run.checkpoint_store import checkpoint_folder
+    from pipelines.run.processes import RunInterrupted
 
     monkeypatch.setattr(processes, "_received", ["SIGTERM"])  # caught at start-up, its interrupt lost
-    spec = load_spec(QUICKSTART, ["trainer.steps=20", "trainer.batch_size=32", "orchestrator.eval_every=0",
-                                  "trainer.checkpoint_every=10", f"tracking.uri={store}"])  # fmt: skip
+    spec = load_spec(
+        QUICKSTART,
+        [
+            "trainer.steps=20",
+            "trainer.batch_size=32",
+            "orchestrator.eval_every=0",
+            "trainer.checkpoint_every=10",
+            f"tracking.uri={store}",
+        ],
+    )
     with pytest.raises(RunInterrupted, match="SIGTERM: stopped after step 1"):
         run_experiment(spec)
     (run,) = MlflowClient(store).search_runs([MlflowClient(store).get_experiment_by_name("quickstart").experiment_id])
@@ -174,8 +188,8 @@ def test_a_stop_whose_interrupt_was_lost_at_start_up_still_stops_with_a_checkpoi
 def test_an_interrupt_while_a_new_store_is_created_is_one_before_the_run(store, monkeypatch):
     """It escaped as a bare KeyboardInterrupt, and the CLI said "the MLflow run is marked
     KILLED" when no run existed."""
-    from pipelines import tracking
-    from pipelines.processes import InterruptedBeforeRun
+    from pipelines.run.processes import InterruptedBeforeRun
+    from pipelines.tracking import tracker as tracking
 
     def interrupted(self, config):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt("SIGTERM")
@@ -189,8 +203,8 @@ def test_an_interrupt_while_a_new_store_is_created_is_one_before_the_run(store, 
 def test_a_damaged_mlflow_store_is_refused_in_one_line_naming_the_file(store, tmp_path, monkeypatch):
     """A 0-byte mlflow.db silently became a new empty store (its runs gone, their
     checkpoints orphaned); a truncated one gave a 275-line traceback on ``resume``."""
-    from pipelines import store as store_module
     from pipelines.tracking import Tracker
+    from pipelines.tracking import store as store_module
 
     spec = load_spec(QUICKSTART, [*TINY, f"tracking.uri={store}"])
     tracker = Tracker(spec.tracking)
@@ -199,9 +213,11 @@ def test_a_damaged_mlflow_store_is_refused_in_one_line_naming_the_file(store, tm
     db = Path(store.removeprefix("sqlite:///"))
     (db.parent / "checkpoints" / run_id).mkdir(parents=True)
     good = db.read_bytes()
-    for damage, fragment in [(b"", "is empty (0 bytes), but artifacts/ and checkpoints/ beside it still hold"),
-                             (good[: len(good) // 3], "is truncated"),
-                             (b"\0" * 8192 + good[8192:], "is not a SQLite database")]:  # fmt: skip
+    for damage, fragment in [
+        (b"", "is empty (0 bytes), but artifacts/ and checkpoints/ beside it still hold"),
+        (good[: len(good) // 3], "is truncated"),
+        (b"\0" * 8192 + good[8192:], "is not a SQLite database"),
+    ]:
         db.write_bytes(damage)
         monkeypatch.setattr(store_module, "_opened", {})  # as in a new process
         done = CliRunner().invoke(cli_module.app, ["resume", run_id, "--uri", store])
@@ -235,8 +251,9 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_run_with_the_os_error_and
     script = tmp_path / "limited.py"
     script.write_text(SIZE_LIMITED)
     args = ["run", str(QUICKSTART), *[f"--set={o}" for o in [*TINY, "trainer.checkpoint_every=1"]]]
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env(),
-                          timeout=patience(300))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env(), timeout=patience(300)
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     assert "run failed: OSError: [Errno 27] cannot write the checkpoint of step 1 in" in done.stderr
     assert "File too large" in done.stderr and "Traceback" not in done.stderr
@@ -248,7 +265,7 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_run_with_the_os_error_and
 
 
 def test_a_killed_checkpoint_writes_folder_is_removed_by_the_next_owner(tmp_path):
-    from pipelines.checkpoints import Checkpoints
+    from pipelines.run.checkpoint_store import Checkpoints
 
     store = Checkpoints(tmp_path)
     store.save({"steps_done": 4}, 4, "key")

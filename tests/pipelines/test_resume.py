@@ -13,7 +13,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from pipelines.checkpoints import Checkpoints
+from pipelines.run.checkpoint_store import Checkpoints
 from tests.helpers import patience
 from tests.pipelines.conftest import cli, env
 
@@ -39,7 +39,7 @@ def asyncrlhf(*args: str, timeout: float = 300) -> subprocess.CompletedProcess: 
 
 
 def runs(uri: str) -> list:  # type: ignore[type-arg]
-    from pipelines.store import open_store
+    from pipelines.tracking.store import open_store
 
     client = open_store(uri)  # under the store's lock: a run starting may be creating it just now
     experiment = client.get_experiment_by_name("resume")
@@ -62,8 +62,9 @@ def checkpoints(uri: str, run_id: str) -> Checkpoints:
 def start_run(spec: Path, uri: str) -> tuple[str, subprocess.Popen]:  # type: ignore[type-arg]
     """Start ``asyncrlhf run`` in a subprocess; its new MLflow run's id once it exists."""
     known = {r.info.run_id for r in runs(uri)}
-    process = subprocess.Popen([*cli(), "run", str(spec)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [*cli(), "run", str(spec)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         new = [r.info.run_id for r in runs(uri) if r.info.run_id not in known]
@@ -290,7 +291,7 @@ def test_resume_refuses_a_run_that_is_still_training(store, tmp_path):
 
 KILL_DURING_UPLOAD = """
 import os, signal, sys
-import pipelines.run as run
+import pipelines.run.experiment as run
 from pipelines.spec import load_spec
 
 def killed(*args):  # SIGKILL while the final upload begins: metrics of the last steps unflushed
@@ -315,8 +316,9 @@ def test_a_run_killed_during_its_final_upload_is_finished_by_resume(store, tmp_p
     (reference,) = runs(store)
     script = tmp_path / "kill.py"
     script.write_text(KILL_DURING_UPLOAD)
-    killed = subprocess.run([sys.executable, str(script), str(spec)], capture_output=True, text=True, env=env(),
-                            timeout=patience(300))  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, str(script), str(spec)], capture_output=True, text=True, env=env(), timeout=patience(300)
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     run_id = runs(store)[-1].info.run_id
     assert checkpoints(store, run_id).steps()[-1] == 12

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from pipelines.spec import ExperimentSpec, SpecError, load_spec, spec_from_dict
-from pipelines.specfile import flatten, spec_hash
+from pipelines.spec.files import flatten, spec_hash
 from pipelines.sweeps import load_sweep
 
 SHIPPED = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
@@ -29,8 +29,10 @@ def load_shipped_sweep(path: Path, request) -> tuple:  # type: ignore[no-untyped
     """A shipped sweep; one over word_problems.yaml on the model `asyncrlhf chat-model` builds."""
     if yaml.safe_load(path.read_text())["base"] != "word_problems.yaml":
         return load_sweep(path)
-    overrides = [*yaml.safe_load(path.read_text()).get("overrides", []),
-                 "model.path=" + str(request.getfixturevalue("chat_model_dir"))]  # fmt: skip
+    overrides = [
+        *yaml.safe_load(path.read_text()).get("overrides", []),
+        "model.path=" + str(request.getfixturevalue("chat_model_dir")),
+    ]
     return load_sweep(path, ["overrides=" + json.dumps(overrides)])
 
 
@@ -60,7 +62,11 @@ def test_the_quickstart_overlaps_rollout_and_training_one_version_stale():
     spec = load_spec(quickstart)
     # lagged k = 1: rollout of the next batch overlaps training on this one, every batch one version stale
     assert (spec.orchestrator.mode, spec.orchestrator.lag, spec.model.kind, spec.rollout.engine) == (
-        "lagged", 1, "tiny", "hf")  # fmt: skip
+        "lagged",
+        1,
+        "tiny",
+        "hf",
+    )
     assert spec.trainer.warmup == 64 and spec.trainer.lr_decay == "cosine"
     short = load_spec(quickstart, ["trainer.steps=4"])
     assert short.trainer.warmup == 0  # the warm-up is a share of the run: a short run keeps a valid schedule
@@ -72,7 +78,11 @@ def test_the_studies_base_is_async_under_a_staleness_bound_with_a_constant_lr():
     """The shipped sweeps' figures were measured on addition.yaml; the quick start is tuned apart."""
     spec = load_spec(EXPERIMENTS[[p.name for p in EXPERIMENTS].index("addition.yaml")])
     assert (spec.orchestrator.mode, spec.buffer.max_staleness, spec.trainer.lr, spec.trainer.lr_decay) == (
-        "async", 1, 3e-4, "constant")  # fmt: skip
+        "async",
+        1,
+        3e-4,
+        "constant",
+    )
     bases = {p.stem: yaml.safe_load(p.read_text())["base"] for p in SWEEPS}
     assert {base for name, base in bases.items() if not name.startswith("word_problems")} == {"addition.yaml"}
 
@@ -132,8 +142,16 @@ def test_bad_specs_fail_with_one_line_naming_field_and_value(tmp_path, text, exp
 def test_overrides_are_typed_by_the_schema(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("name: x\n")
-    spec = load_spec(path, ["trainer.lr=1e-4", "rollout.group_size=4", "orchestrator.mode=lagged",
-                            "orchestrator.lag=3", "tracking.tags={team: rl}"])  # fmt: skip
+    spec = load_spec(
+        path,
+        [
+            "trainer.lr=1e-4",
+            "rollout.group_size=4",
+            "orchestrator.mode=lagged",
+            "orchestrator.lag=3",
+            "tracking.tags={team: rl}",
+        ],
+    )
     assert spec.trainer.lr == 1e-4 and spec.rollout.group_size == 4
     assert spec.orchestrator.lag == 3 and spec.tracking.tags == {"team": "rl"}
     with pytest.raises(SpecError, match=r"trainer\.steps"):
@@ -193,11 +211,21 @@ def test_the_old_sync_every_key_still_reads_with_a_warning(tmp_path):
 def test_the_algorithm_section_is_one_model_per_algorithm(tmp_path):
     spec = spec_from_dict({"algorithm": {"clip_eps": 0.3}})  # no name: GRPO, the default
     assert spec.algorithm.name == "grpo" and spec.algorithm.loss_options() == {
-        "clip_eps": 0.3, "clip_eps_high": None, "clip_ratio_c": None, "kl_coef": 0.0, "loss_agg": "token-mean",
-    }  # fmt: skip
+        "clip_eps": 0.3,
+        "clip_eps_high": None,
+        "clip_ratio_c": None,
+        "kl_coef": 0.0,
+        "loss_agg": "token-mean",
+    }
     m2po = spec_from_dict({"algorithm": {"name": "m2po", "m2_clip": True}}).algorithm
-    assert m2po.loss_options() == {"m2_threshold": 0.04, "mode": "batch", "clip_eps": 0.2, "min_clip_low": None,
-                                   "min_clip_high": None, "loss_agg": "token-mean"}  # fmt: skip
+    assert m2po.loss_options() == {
+        "m2_threshold": 0.04,
+        "mode": "batch",
+        "clip_eps": 0.2,
+        "min_clip_low": None,
+        "min_clip_high": None,
+        "loss_agg": "token-mean",
+    }
     with pytest.raises(SpecError, match=r"algorithm.m2_threshold: unknown key for algorithm 'grpo' \(value 0.1\)"):
         spec_from_dict({"algorithm": {"name": "grpo", "m2_threshold": 0.1}})
     with pytest.raises(SpecError, match="'sgd'"):

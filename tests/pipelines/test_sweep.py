@@ -13,15 +13,20 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from pipelines.specfile import SpecError
+from pipelines.spec.files import SpecError
 from pipelines.sweeps import default_storage, load_sweep, run_sweep
 from pipelines.sweeps.spec import SweepSpec, choice_label, choice_value
 from tests.helpers import patience
 from tests.pipelines.conftest import REPO, cli, env
 
 QUICKSTART = str(REPO / "experiments" / "quickstart.yaml")
-SHORT = ["trainer.steps=4", "trainer.batch_size=32", "orchestrator.eval_every=2", "task.eval_size=20",
-         "runtime.torch_threads=1"]  # fmt: skip
+SHORT = [
+    "trainer.steps=4",
+    "trainer.batch_size=32",
+    "orchestrator.eval_every=2",
+    "task.eval_size=20",
+    "runtime.torch_threads=1",
+]
 
 
 def write_sweep(tmp_path: Path, **fields) -> Path:  # type: ignore[no-untyped-def]
@@ -41,7 +46,7 @@ def sweep_runs(uri: str, experiment: str = "sweeps") -> tuple[object, list]:
 
 
 def trial_states(uri: str) -> list[str]:
-    from pipelines.store import open_store
+    from pipelines.tracking.store import open_store
 
     client = open_store(uri)  # under the store's lock: the sweep may be creating it just now
     experiment = client.get_experiment_by_name("sweeps")
@@ -58,12 +63,18 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
     first's live trial for stale); SIGTERM used to abort it (exit 134) after its
     bookkeeping. Now: the second refuses, SIGTERM stops the first like Ctrl-C, and the
     same command resumes it to completion."""
-    path = write_sweep(tmp_path, name="grid", method="grid", parallel=1,
-                       overrides=[*SHORT, "orchestrator.mode=lagged", "orchestrator.lag=0"],
-                       space={"orchestrator.lag": [0, 2], "algorithm.name": ["grpo", "m2po"]})  # fmt: skip
+    path = write_sweep(
+        tmp_path,
+        name="grid",
+        method="grid",
+        parallel=1,
+        overrides=[*SHORT, "orchestrator.mode=lagged", "orchestrator.lag=0"],
+        space={"orchestrator.lag": [0, 2], "algorithm.name": ["grpo", "m2po"]},
+    )
     db = Path(default_storage(store).removeprefix("sqlite:///"))
-    first = subprocess.Popen([*cli(), "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env())  # fmt: skip
+    first = subprocess.Popen(
+        [*cli(), "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
     owner = db.with_name(f"{db.name}.grid.owner")
     while not owner.exists():
         assert first.poll() is None, first.communicate()[1][-3000:]
@@ -110,15 +121,23 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
         table = MlflowClient(store).download_artifacts(child.info.run_id, "eval/samples.json", str(tmp_path))
         steps = [row[1] for row in json.loads(Path(table).read_text())["data"]]
         assert steps == [0] * 20 + [2] * 20 + [4] * 20  # 20 held-out problems, evaluated at steps 0, 2, 4
-    summary = {"summary/trials.md", "summary/trials.csv", "summary/objective_vs_params.png",
-               "summary/objective_vs_staleness.png", "summary/curves_by_staleness.png"}  # fmt: skip
+    summary = {
+        "summary/trials.md",
+        "summary/trials.csv",
+        "summary/objective_vs_params.png",
+        "summary/objective_vs_staleness.png",
+        "summary/curves_by_staleness.png",
+    }
     assert summary <= summary_files(store, parent.info.run_id)
     assert parent.data.metrics["sweep/complete"] == 4
     # A damaged optuna.db was a ~300-line traceback; a deleted one reran every trial under
     # a second parent. Each is one line naming the file, and nothing runs.
     good, before = db.read_bytes(), len(sweep_runs(store)[1])
-    for damage, fragment in [(good[: len(good) // 2], "is truncated"), (b"x" * 4096, "is not a SQLite database"),
-                             (None, "has no study in")]:  # fmt: skip
+    for damage, fragment in [
+        (good[: len(good) // 2], "is truncated"),
+        (b"x" * 4096, "is not a SQLite database"),
+        (None, "has no study in"),
+    ]:
         db.unlink()
         if damage is not None:
             db.write_bytes(damage)
@@ -154,8 +173,9 @@ OPTUNA_SPACE = {
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_an_optuna_sweep_runs_four_trials_in_parallel(store, tmp_path):
-    sweep, base = load_sweep(write_sweep(tmp_path, name="tune", method="optuna", trials=4, space=OPTUNA_SPACE,
-                                         pruner={"kind": "none"}))  # fmt: skip
+    sweep, base = load_sweep(
+        write_sweep(tmp_path, name="tune", method="optuna", trials=4, space=OPTUNA_SPACE, pruner={"kind": "none"})
+    )
     result = run_sweep(sweep, base, poll_s=0.2)
     assert result.complete and result.ran == 4 and [r["state"] for r in result.rows] == ["COMPLETE"] * 4
     values = [r["value"] for r in result.rows]
@@ -178,8 +198,11 @@ def test_an_optuna_sweep_runs_four_trials_in_parallel(store, tmp_path):
 def test_an_interrupted_optuna_sweep_resumes_without_rerunning(store, tmp_path):
     # No pruning: whether the median pruner stops a trial depends on learning values,
     # which is not what this test is about.
-    sweep, base = load_sweep(write_sweep(tmp_path, name="resume", method="optuna", trials=4, space=OPTUNA_SPACE,
-                                         parallel=1, pruner={"kind": "none"}))  # fmt: skip
+    sweep, base = load_sweep(
+        write_sweep(
+            tmp_path, name="resume", method="optuna", trials=4, space=OPTUNA_SPACE, parallel=1, pruner={"kind": "none"}
+        )
+    )
     first = run_sweep(sweep, base, max_trials=2, poll_s=0.2)
     assert first.ran == 2 and not first.complete
     kept = {r["number"]: (r["run_id"], r["value"], r["params"]) for r in first.rows}
@@ -187,9 +210,11 @@ def test_an_interrupted_optuna_sweep_resumes_without_rerunning(store, tmp_path):
     storage = default_storage(store)
     study = optuna.load_study(study_name="resume", storage=storage)
     lost = study.ask()
-    lost_params = {"trainer.lr": lost.suggest_float("trainer.lr", 1e-4, 1e-3, log=True),
-                   "algorithm.clip_eps": lost.suggest_float("algorithm.clip_eps", 0.1, 0.3),
-                   "rollout.group_size": lost.suggest_categorical("rollout.group_size", [4, 8])}  # fmt: skip
+    lost_params = {
+        "trainer.lr": lost.suggest_float("trainer.lr", 1e-4, 1e-3, log=True),
+        "algorithm.clip_eps": lost.suggest_float("algorithm.clip_eps", 0.1, 0.3),
+        "rollout.group_size": lost.suggest_categorical("rollout.group_size", [4, 8]),
+    }
 
     second = run_sweep(sweep, base, poll_s=0.2)
     assert second.complete and second.ran == 2 and len(second.rows) == 4
@@ -209,11 +234,17 @@ def test_an_interrupted_optuna_sweep_resumes_without_rerunning(store, tmp_path):
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_median_pruner_stops_an_obviously_bad_trial(store, tmp_path):
     # Two sane learning rates complete first; lr = 0.5 wrecks the policy in one step.
-    sweep, base = load_sweep(write_sweep(
-        tmp_path, name="prune", method="grid", parallel=1, space={"trainer.lr": [3e-4, 2e-4, 0.5]},
-        overrides=[*SHORT, "trainer.steps=60", "orchestrator.eval_every=1"],
-        pruner={"kind": "median", "n_startup_trials": 2},
-    ))  # fmt: skip
+    sweep, base = load_sweep(
+        write_sweep(
+            tmp_path,
+            name="prune",
+            method="grid",
+            parallel=1,
+            space={"trainer.lr": [3e-4, 2e-4, 0.5]},
+            overrides=[*SHORT, "trainer.steps=60", "orchestrator.eval_every=1"],
+            pruner={"kind": "median", "n_startup_trials": 2},
+        )
+    )
     result = run_sweep(sweep, base, poll_s=0.05)
     states = {r["params"]["trainer.lr"]: r for r in result.rows}
     assert states[3e-4]["state"] == states[2e-4]["state"] == "COMPLETE"
@@ -228,10 +259,15 @@ def test_failing_trials_are_recorded_and_the_sweep_goes_on(store, tmp_path):
     broken = tmp_path / "broken_model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")  # passes validation, fails to load in the trial
-    sweep, base = load_sweep(write_sweep(
-        tmp_path, name="failing", method="grid", overrides=[*SHORT, f"model.path={broken}"],
-        space={"model.kind": ["tiny", "pretrained"], "trainer.batch_size": [32, 36]},
-    ))  # fmt: skip
+    sweep, base = load_sweep(
+        write_sweep(
+            tmp_path,
+            name="failing",
+            method="grid",
+            overrides=[*SHORT, f"model.path={broken}"],
+            space={"model.kind": ["tiny", "pretrained"], "trainer.batch_size": [32, 36]},
+        )
+    )
     result = run_sweep(sweep, base, poll_s=0.2)
     states = {(r["params"]["model.kind"], r["params"]["trainer.batch_size"]): r for r in result.rows}
     assert states["tiny", 32]["state"] == "COMPLETE"
@@ -261,14 +297,16 @@ def test_a_seed_axis_also_in_the_space_is_refused(tmp_path):
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_seeded_sweep_summarises_each_configuration_over_its_seeds(store, tmp_path):
-    sweep, base = load_sweep(write_sweep(tmp_path, name="seeded", method="grid", seeds=[0, 1],
-                                         space={"trainer.lr": [3e-4, 1e-4]}))  # fmt: skip
+    sweep, base = load_sweep(
+        write_sweep(tmp_path, name="seeded", method="grid", seeds=[0, 1], space={"trainer.lr": [3e-4, 1e-4]})
+    )
     result = run_sweep(sweep, base, poll_s=0.2)
     assert result.complete and result.ran == 2 and [r["state"] for r in result.rows] == ["COMPLETE"] * 2
     parent, children = sweep_runs(store)
     assert len(children) == 4 and {c.info.status for c in children} == {"FINISHED"}
-    finals = {(c.data.params["trainer.lr"], c.data.tags["sweep.seed"]): c.data.metrics["eval/accuracy"]
-              for c in children}  # fmt: skip
+    finals = {
+        (c.data.params["trainer.lr"], c.data.tags["sweep.seed"]): c.data.metrics["eval/accuracy"] for c in children
+    }
     assert {seed for _, seed in finals} == {"0", "1"} and {c.data.params["seed"] for c in children} == {"0", "1"}
     for row in result.rows:
         lr = str(row["params"]["trainer.lr"])
@@ -276,10 +314,16 @@ def test_a_seeded_sweep_summarises_each_configuration_over_its_seeds(store, tmp_
         assert row["seed_values"] == {0: values[0], 1: values[1]} and row["n"] == 2
         assert row["value"] == pytest.approx(sum(values) / 2)  # Optuna's value: the seed mean
         spread = abs(values[0] - values[1]) / 2**0.5  # sample std of two values
-        assert row["std"] == pytest.approx(spread) and row["ci95"] == pytest.approx(12.706 * spread / 2**0.5)
+        assert row["std"] == pytest.approx(spread) and row["ci95"] == pytest.approx(
+            12.7062047 * spread / 2**0.5
+        )  # t(0.975; 1)
     client = MlflowClient(store)
-    assert {"summary/trials.md", "summary/trials.csv", "summary/trials.json",
-            "summary/objective_vs_params.png"} <= summary_files(store, parent.info.run_id)  # fmt: skip
+    assert {
+        "summary/trials.md",
+        "summary/trials.csv",
+        "summary/trials.json",
+        "summary/objective_vs_params.png",
+    } <= summary_files(store, parent.info.run_id)
 
     def artifact(name: str) -> str:
         return Path(client.download_artifacts(parent.info.run_id, f"summary/{name}", str(tmp_path))).read_text()
@@ -292,10 +336,17 @@ def test_a_seeded_sweep_summarises_each_configuration_over_its_seeds(store, tmp_
 
 @pytest.mark.slow
 def test_an_interrupted_trial_continues_from_its_checkpoint_when_the_sweep_runs_again(store, tmp_path):
-    path = write_sweep(tmp_path, name="cut", method="grid", parallel=1, space={"trainer.lr": [3e-4]},
-                       overrides=[*SHORT, "trainer.steps=150", "trainer.checkpoint_every=10"])  # fmt: skip
-    process = subprocess.Popen([*cli(), "sweep", str(path)], env=env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    path = write_sweep(
+        tmp_path,
+        name="cut",
+        method="grid",
+        parallel=1,
+        space={"trainer.lr": [3e-4]},
+        overrides=[*SHORT, "trainer.steps=150", "trainer.checkpoint_every=10"],
+    )
+    process = subprocess.Popen(
+        [*cli(), "sweep", str(path)], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     checkpoints = Path(store.removeprefix("sqlite:///")).parent / "checkpoints"
     deadline = time.monotonic() + 300
     while not list(checkpoints.glob("*/step-*")) and time.monotonic() < deadline:
@@ -344,8 +395,13 @@ def test_a_sweep_where_no_trial_completes_fails(store, tmp_path):
     broken = tmp_path / "broken_model"
     broken.mkdir()
     (broken / "config.json").write_text("{}")  # passes validation, fails to load in every trial
-    path = write_sweep(tmp_path, name="hopeless", method="grid", overrides=[*SHORT, f"model.path={broken}"],
-                       space={"model.kind": ["pretrained"]})  # fmt: skip
+    path = write_sweep(
+        tmp_path,
+        name="hopeless",
+        method="grid",
+        overrides=[*SHORT, f"model.path={broken}"],
+        space={"model.kind": ["pretrained"]},
+    )
     done = subprocess.run([*cli(), "sweep", str(path)], capture_output=True, text=True, env=env(), timeout=600)
     assert done.returncode == 1 and "no trial completed" in done.stderr, done.stderr[-2000:]
     parent, children = sweep_runs(store)
@@ -437,7 +493,7 @@ def test_a_stop_after_a_trials_run_finished_but_before_its_tell_keeps_its_result
     tells a trial whose every seed ended."""
     from pipelines.sweeps import driver
 
-    real, calls = driver._Driver._tell, []
+    real, calls = driver.Driver._tell, []
 
     def stopped_first(self, config):  # type: ignore[no-untyped-def]
         calls.append(config.trial.number)
@@ -445,20 +501,23 @@ def test_a_stop_after_a_trials_run_finished_but_before_its_tell_keeps_its_result
             raise KeyboardInterrupt
         real(self, config)
 
-    monkeypatch.setattr(driver._Driver, "_tell", stopped_first)
-    sweep, base = load_sweep(write_sweep(tmp_path, name="told", method="grid", parallel=1,
-                                         space={"orchestrator.lag": [0, 1]}))  # fmt: skip
+    monkeypatch.setattr(driver.Driver, "_tell", stopped_first)
+    sweep, base = load_sweep(
+        write_sweep(tmp_path, name="told", method="grid", parallel=1, space={"orchestrator.lag": [0, 1]})
+    )
     with pytest.raises(KeyboardInterrupt):
         run_sweep(sweep, base, poll_s=0.2)
     study = optuna.load_study(study_name="told", storage=default_storage(store))
     assert calls == [0, 0] and [t.state.name for t in study.trials] == ["COMPLETE"]  # lag 1: not begun
     assert study.user_attrs["grid_next"] == 1  # nor enqueued: grid points go in one per ask
-    monkeypatch.setattr(driver._Driver, "_tell", real)
+    monkeypatch.setattr(driver.Driver, "_tell", real)
     result = run_sweep(sweep, base, poll_s=0.2)
     assert result.complete and result.ran == 1 and [r["state"] for r in result.rows] == ["COMPLETE"] * 2
     _, children = sweep_runs(store)
     assert sorted((c.data.params["orchestrator.lag"], c.info.status) for c in children) == [
-        ("0", "FINISHED"), ("1", "FINISHED")]  # fmt: skip
+        ("0", "FINISHED"),
+        ("1", "FINISHED"),
+    ]
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -475,8 +534,9 @@ def test_a_seed_that_finished_before_a_stop_is_adopted_not_run_again(store, tmp_
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Tracker, "finish", stop_after)
-    sweep, base = load_sweep(write_sweep(tmp_path, name="adopt", method="grid", parallel=1, seeds=[0, 1],
-                                         space={"trainer.lr": [3e-4]}))  # fmt: skip
+    sweep, base = load_sweep(
+        write_sweep(tmp_path, name="adopt", method="grid", parallel=1, seeds=[0, 1], space={"trainer.lr": [3e-4]})
+    )
     with pytest.raises(KeyboardInterrupt):
         run_sweep(sweep, base, poll_s=0.2)
     _, (first,) = sweep_runs(store)
@@ -520,8 +580,8 @@ def test_a_million_point_grid_starts_its_first_trials_at_once(tmp_path):
 
 def test_a_reopened_parent_run_drops_the_error_of_its_last_stop(store, tmp_path):
     """A resumed sweep's FINISHED parent kept the ``error`` tag of the stop before."""
-    from pipelines.store import end_run
     from pipelines.sweeps.runs import parent_run
+    from pipelines.tracking.store import end_run
 
     sweep, _ = load_sweep(write_sweep(tmp_path, name="reopened", method="grid", space={"orchestrator.lag": [0, 1]}))
     study, client = optuna.create_study(), MlflowClient(store)

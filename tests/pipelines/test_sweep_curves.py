@@ -26,14 +26,25 @@ def test_curves_average_the_seeds_at_shared_steps_and_count_accuracy_in_updates(
 
     sweep, _ = load_sweep(REPO / "experiments" / "staleness_study.yaml")
     rows = [
-        {"state": "COMPLETE", "params": {"orchestrator.lag": 4, "algorithm": "grpo"},
-         "run_ids": {"0": run({0: 0.4, 50: 0.5, 100: 0.6}, {1: 0.1, 2: 0.3}),
-                     "1": run({0: 0.4, 50: 0.3}, {1: 0.2, 2: 0.5})}},
-        {"state": "COMPLETE", "params": {"orchestrator.lag": 0, "algorithm": "m2po_batch"},
-         "run_ids": {"0": run({0: 0.4, 50: 0.45}, {1: 0.01})}},
-        {"state": "FAIL", "params": {"orchestrator.lag": 0, "algorithm": "grpo"},
-         "run_ids": {"0": run({0: 0.9}, {1: 9.0})}},  # a failed configuration draws nothing
-    ]  # fmt: skip
+        {
+            "state": "COMPLETE",
+            "params": {"orchestrator.lag": 4, "algorithm": "grpo"},
+            "run_ids": {
+                "0": run({0: 0.4, 50: 0.5, 100: 0.6}, {1: 0.1, 2: 0.3}),
+                "1": run({0: 0.4, 50: 0.3}, {1: 0.2, 2: 0.5}),
+            },
+        },
+        {
+            "state": "COMPLETE",
+            "params": {"orchestrator.lag": 0, "algorithm": "m2po_batch"},
+            "run_ids": {"0": run({0: 0.4, 50: 0.45}, {1: 0.01})},
+        },
+        {
+            "state": "FAIL",
+            "params": {"orchestrator.lag": 0, "algorithm": "grpo"},
+            "run_ids": {"0": run({0: 0.9}, {1: 9.0})},
+        },  # a failed configuration draws nothing
+    ]
     report = SweepReport(sweep, rows)
     curves = study_curves(client, report)
 

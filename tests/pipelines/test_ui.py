@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.store import OWNER_TAG
+from pipelines.tracking.store import OWNER_TAG
 from tests.helpers import patience
 from tests.pipelines.conftest import cli, env
 
@@ -68,8 +68,11 @@ def test_ui_serves_the_reconciled_store_on_localhost_and_ends_with_its_workers_o
     out = (Path(store.removeprefix("sqlite:///")).parent / "ui.out").open("w+")
     ui = subprocess.Popen(
         [*cli(), "ui", "--port", str(port), "--uri", store],
-        stdout=out, stderr=subprocess.STDOUT, env=env(), start_new_session=True,
-    )  # fmt: skip
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env(),
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
     try:
         deadline = time.monotonic() + 90
@@ -110,8 +113,13 @@ def test_ui_ends_its_server_on_sighup_too(store):
     """SIGHUP (the terminal closed) ended `asyncrlhf ui` and left its 15 server processes
     listening; every ending signal now ends the server's whole process group."""
     port = free_port()
-    ui = subprocess.Popen([*cli(), "ui", "--port", str(port), "--uri", store], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.STDOUT, env=env(), start_new_session=True)  # fmt: skip
+    ui = subprocess.Popen(
+        [*cli(), "ui", "--port", str(port), "--uri", store],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env=env(),
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
     try:
         deadline = time.monotonic() + patience(90)
@@ -139,7 +147,12 @@ def test_ui_on_a_busy_port_says_so_and_exits_2(store):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([*cli(), "ui", "--port", str(port), "--uri", store], capture_output=True, text=True,
-                              env=env(), timeout=patience(60))  # fmt: skip
+        done = subprocess.run(
+            [*cli(), "ui", "--port", str(port), "--uri", store],
+            capture_output=True,
+            text=True,
+            env=env(),
+            timeout=patience(60),
+        )
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"--port {port} on 127.0.0.1 is in use" in done.stderr and "http://" not in done.stdout

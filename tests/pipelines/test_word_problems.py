@@ -10,8 +10,8 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 from asyncrlhf.models import load_pretrained
-from pipelines.chatmodel import CHAT_TEMPLATE
 from pipelines.run import run_experiment
+from pipelines.run.chatmodel import CHAT_TEMPLATE
 from pipelines.spec import load_spec
 from tests.pipelines.conftest import REPO
 
@@ -21,8 +21,9 @@ def test_the_chat_model_directory_loads_like_a_downloaded_one(chat_model_dir):
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template == CHAT_TEMPLATE
     assert [tokenizer.decode([i]) for i in tokenizer.encode("111", add_special_tokens=False)] == ["1", "1", "1"]
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Tom has 3 pens."}], tokenize=False,
-                                         add_generation_prompt=True)  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Tom has 3 pens."}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nTom has 3 pens.<|im_end|>\n<|im_start|>assistant\n"
     manifest = json.loads((chat_model_dir / "asyncrlhf.json").read_text())
     assert manifest["eval"]["problems"] == 300 and 0.0 <= manifest["eval"]["greedy_accuracy"] <= 1.0
@@ -43,10 +44,18 @@ def test_word_problems_runs_on_the_built_model_with_the_verifier(store, chat_mod
     data = REPO / "experiments" / "data" / "word_problems"
     train, test = prompt_lengths(tokenizer, data / "train.jsonl"), prompt_lengths(tokenizer, data / "test.jsonl")
     limit = sorted(test)[len(test) // 2]  # about half the prompts are longer
-    spec = load_spec(REPO / "experiments" / "word_problems.yaml", [
-        f"model.path={chat_model_dir}", "trainer.steps=2", "trainer.batch_size=16", "orchestrator.eval_every=2",
-        "tracking.eval_samples=3", "runtime.torch_threads=1", f"task.max_prompt_tokens={limit}",
-    ])  # fmt: skip
+    spec = load_spec(
+        REPO / "experiments" / "word_problems.yaml",
+        [
+            f"model.path={chat_model_dir}",
+            "trainer.steps=2",
+            "trainer.batch_size=16",
+            "orchestrator.eval_every=2",
+            "tracking.eval_samples=3",
+            "runtime.torch_threads=1",
+            f"task.max_prompt_tokens={limit}",
+        ],
+    )
     result = run_experiment(spec)
     client = MlflowClient(store)
     run = client.get_run(result.run_id)
