@@ -37,14 +37,21 @@ def metric_name(figure: str) -> str:
 
 
 def log_benchmark(
-    uri: str | None, suite: str, comparisons: list[Any], env: dict[str, Any], report: Path | None = None
+    uri: str | None,
+    suite: str,
+    comparisons: list[Any],
+    env: dict[str, Any],
+    report: Path | None = None,
+    started: float | None = None,
 ) -> str:
     """One run in the ``benchmarks`` experiment; its id.
 
     Params: the environment (machine, versions, load before the run). Metrics: each
     figure's median, ``bench/<case>/<figure>``. ``figures.json`` (an MLflow table): median,
     min, max, baseline, limit, verdict and target per figure. Artifacts: the JSON report
-    and ``trend.png``. Status: FAILED when a figure regressed (tag ``status``).
+    and ``trend.png``. Status: FAILED when a figure regressed (tag ``status``). Named by
+    suite, time and commit (``quick·12-02 05:40·d2fceb1``); it lasts from ``started`` (the
+    suite's start, epoch seconds) to now.
     """
     from mlflow.entities import Metric
 
@@ -53,9 +60,9 @@ def log_benchmark(
     tags = {"suite": suite, "status": "regressed" if regressed else "ok", "regressed": ", ".join(regressed)[:4000]}
     if env.get("git_commit"):
         tags["mlflow.source.git.commit"] = env["git_commit"]
-    run_id = new_run(
-        client, EXPERIMENT, f"bench-{suite}-{(env.get('git_commit') or 'nogit')[:8]}", tags, {**env, "suite": suite}
-    )
+    start = started or time.time()
+    name = f"{suite}·{time.strftime('%m-%d %H:%M', time.localtime(start))}·{(env.get('git_commit') or 'nogit')[:7]}"
+    run_id = new_run(client, EXPERIMENT, name, tags, {**env, "suite": suite}, int(start * 1000))
     now = int(time.time() * 1000)
     metrics = [Metric(metric_name(c.figure.name), c.figure.median, now, 0) for c in comparisons]
     client.log_batch(run_id, metrics=metrics, synchronous=True)

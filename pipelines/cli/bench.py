@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
@@ -41,7 +42,7 @@ def bench(
     console.print(f"[bold]asyncrlhf bench[/] — suite {suite}")
     try:
         suite_baseline = gate.load_baseline(baseline).get("suites", {}).get(suite, {})
-        load = load_average()  # before the suite loads the machine itself
+        load, started = load_average(), time.time()  # before the suite loads the machine itself
         figures = run_suite(suite, case, log=console.print)
     except ValueError as err:
         fail(err)
@@ -60,7 +61,7 @@ def bench(
     if not no_track:
         from pipelines.bench.log import log_benchmark
 
-        run_id = log_benchmark(uri, suite, comparisons, {**env, **load}, report)
+        run_id = log_benchmark(uri, suite, comparisons, {**env, **load}, report, started)
         console.print(f"MLflow: experiment 'benchmarks', run {run_id}")
     if update_baseline:
         gate.write_baseline(baseline, suite, figures, env)

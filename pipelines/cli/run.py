@@ -15,7 +15,8 @@ from rich.table import Table
 from pipelines.cli.app import ForceOpt, SetOpt, SpecArg, app, command, console, errors, fail, load
 from pipelines.run.chatmodel import chat_model
 from pipelines.spec import ExperimentSpec, SpecError, spec_from_dict
-from pipelines.spec.files import apply_overrides, flatten, run_name_for
+from pipelines.spec.files import apply_overrides, flatten
+from pipelines.tracking.names import CHANGED_TAG, run_name_for
 
 
 @command()
@@ -52,7 +53,11 @@ def run(
     if set_ and resume is None and experiment.tracking.run_name is None:  # the name says what --set changed
         values = flatten(experiment)
         changes = {key: values.get(key, raw) for key, _, raw in (o.partition("=") for o in set_)}
-        tracking = experiment.tracking.model_copy(update={"run_name": run_name_for(experiment.name, changes)})
+        name, tags = (
+            run_name_for(experiment.name, changes),
+            {**experiment.tracking.tags, CHANGED_TAG: json.dumps(list(changes))},
+        )
+        tracking = experiment.tracking.model_copy(update={"run_name": name, "tags": tags})
         experiment = experiment.model_copy(update={"tracking": tracking})
     _run(experiment, str(spec), resume, force)
 
@@ -178,6 +183,13 @@ def _summary(result) -> None:  # type: ignore[no-untyped-def]
     table.add_row("MLflow run", str(result.run_id))
     table.add_row("store", str(result.tracking_uri))
     console.print(table)
+    if result.run_id is not None:
+        from pipelines.tracking import open_store
+        from pipelines.tracking.names import run_url
+
+        experiment_id = open_store(result.tracking_uri).get_run(result.run_id).info.experiment_id
+        link = run_url("http://127.0.0.1:5000", experiment_id, result.run_id)
+        console.print(f"With [bold]asyncrlhf ui[/] serving: this run {link}", soft_wrap=True)
     console.print("Compare runs: [bold]asyncrlhf ui[/] (open the runs link it prints for this experiment)")
 
 

@@ -21,6 +21,7 @@ def ui(
     """Serve the MLflow UI for the local store (runs whose process died are marked KILLED first)."""
     from pipelines.run.processes import port_in_use, serve
     from pipelines.tracking import open_store, resolve_tracking_uri, tag_experiments
+    from pipelines.tracking.names import VIEW_KEY, experiment_url
 
     if port_in_use(host, port):  # before any link is printed: the server would fail, and exit 0
         fail(f"--port {port} on {host} is in use: choose another with --port")
@@ -28,8 +29,9 @@ def ui(
     experiments = tag_experiments(open_store(store))  # initialised and reconciled first (a damaged one refused)
     mlflow_bin = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     command = [mlflow_bin, "ui", "--backend-store-uri", store, "--host", host, "--port", str(port)]
-    base, mode = f"http://{host}:{port}/#/experiments", "workflowType=machine_learning"
-    console.print(f"MLflow UI for {store} (Ctrl-C to stop): {base}?{mode}", soft_wrap=True)
-    for experiment in experiments[:10]:  # MLflow 3 opens an experiment on GenAI pages unless told
-        console.print(f"  {experiment.name}: {base}/{experiment.experiment_id}/runs?{mode}", soft_wrap=True)
+    base = f"http://{host}:{port}"
+    console.print(f"MLflow UI for {store} on {base} (Ctrl-C to stop); its experiments' runs:", soft_wrap=True)
+    for experiment in experiments[:10]:  # each in the Model-training layout, with its saved view
+        view = VIEW_KEY if f"mlflow.sharedViewState.{VIEW_KEY}" in experiment.tags else None
+        console.print(f"  {experiment.name}: {experiment_url(base, experiment.experiment_id, view)}", soft_wrap=True)
     raise typer.Exit(serve(command))

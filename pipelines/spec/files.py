@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["SpecError", "apply_overrides", "flatten", "read_yaml", "run_name_for", "set_path", "spec_hash"]
+__all__ = ["SpecError", "apply_overrides", "flatten", "inapplicable", "read_yaml", "set_path", "spec_hash", "when"]
 
 
 class SpecError(ValueError):
@@ -129,29 +129,40 @@ def flatten(spec: BaseModel) -> dict[str, str]:
     return out
 
 
+def when(**conditions: list[Any]) -> dict[str, Any]:
+    """A field's ``json_schema_extra`` saying when it applies: ``when(kind=["decoded"])``
+    (a field of its own section) or ``when(**{"orchestrator.mode": ["async"]})`` (a dotted
+    path from the spec's root). Where it does not, it is left out of the run's params."""
+    return {"when": conditions}
+
+
+def inapplicable(spec: BaseModel) -> list[str]:
+    """The flattened keys (or key prefixes) of fields whose :func:`when` does not hold."""
+    out: list[str] = []
+
+    def value_at(section: BaseModel, key: str) -> Any:
+        target: Any = spec if "." in key else section
+        for part in key.split("."):
+            target = getattr(target, part)
+        return target
+
+    def walk(prefix: str, section: BaseModel) -> None:
+        for name, field in type(section).model_fields.items():
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            conditions: dict[str, list[Any]] = extra.get("when", {})  # type: ignore[assignment]
+            if any(value_at(section, key) not in allowed for key, allowed in conditions.items()):
+                out.append(prefix + name)
+                continue
+            value = getattr(section, name)
+            children = value if isinstance(value, list) else [value]
+            for index, child in enumerate(children):
+                if isinstance(child, BaseModel):
+                    walk(f"{prefix}{name}.{index}." if isinstance(value, list) else f"{prefix}{name}.", child)
+
+    walk("", spec)
+    return out
+
+
 def spec_hash(spec: BaseModel) -> str:
     """A stable short hash of the resolved spec."""
     return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def run_name_for(name: str, changes: dict[str, Any]) -> str:
-    """A run name saying what differs from the base spec: ``quickstart·lr=0.0001·max_staleness=4``.
-
-    Keys are shortened to their last part (``algorithm.name`` to ``algorithm``) unless two
-    changes share it; values are cut at 24 characters.
-
-    >>> run_name_for("quickstart", {"trainer.lr": 1e-4, "algorithm.name": "m2po"})
-    'quickstart·lr=0.0001·algorithm=m2po'
-    """
-
-    def tail(key: str) -> str:
-        parts = key.split(".")
-        return parts[-2] if len(parts) > 1 and parts[-1] in ("name", "kind") else parts[-1]
-
-    short = [tail(key) for key in changes]
-    parts = [
-        f"{brief if short.count(brief) == 1 else key}={str(value)[:24]}"
-        for (key, value), brief in zip(changes.items(), short, strict=True)
-        if not key.startswith("tracking.")
-    ]
-    return "·".join([name, *parts])

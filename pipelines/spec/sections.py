@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrlhf.orchestration.schedule import Mode
 from asyncrlhf.training.trainer import LrDecay
-from pipelines.spec.files import _Section
+from pipelines.spec.files import _Section, when
 
 __all__ = [
     "ActorSpec",
@@ -26,6 +26,12 @@ __all__ = [
     "TrainerSpec",
     "WarmStartSpec",
 ]
+
+
+# When a field applies (else it is left out of a run's params): see pipelines.spec.files.when.
+TINY, PRETRAINED = when(kind=["tiny"]), when(kind=["pretrained"])
+DECODED, RAY = when(kind=["decoded"]), when(kind=["ray"])
+ASYNC, LAGGED = when(**{"orchestrator.mode": ["async"]}), when(mode=["lagged"])
 
 
 class WarmStartSpec(_Section):
@@ -46,12 +52,18 @@ class ModelSpec(_Section):
         description="'tiny': the built-in Llama-style model, warm-started and cached; "
         "'pretrained': a local Hugging Face model directory given by `path`.",
     )
-    path: str | None = Field(None, description="Local Hugging Face model directory (kind 'pretrained').")
-    hidden_size: int = Field(128, ge=8, description="Tiny model: hidden width.")
-    intermediate_size: int = Field(256, ge=8, description="Tiny model: MLP width.")
-    num_layers: int = Field(2, ge=1, description="Tiny model: transformer blocks.")
-    num_heads: int = Field(4, ge=1, description="Tiny model: attention heads (must divide hidden_size).")
-    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec, description="Tiny model: warm start.")
+    path: str | None = Field(
+        None, description="Local Hugging Face model directory (kind 'pretrained').", json_schema_extra=PRETRAINED
+    )
+    hidden_size: int = Field(128, ge=8, description="Tiny model: hidden width.", json_schema_extra=TINY)
+    intermediate_size: int = Field(256, ge=8, description="Tiny model: MLP width.", json_schema_extra=TINY)
+    num_layers: int = Field(2, ge=1, description="Tiny model: transformer blocks.", json_schema_extra=TINY)
+    num_heads: int = Field(
+        4, ge=1, description="Tiny model: attention heads (must divide hidden_size).", json_schema_extra=TINY
+    )
+    warm_start: WarmStartSpec = Field(
+        default_factory=WarmStartSpec, description="Tiny model: warm start.", json_schema_extra=TINY
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where model, engine and trainer run.")
 
     @model_validator(mode="after")
@@ -98,11 +110,23 @@ class RewardTermSpec(_Section):
     scorer: str = Field(
         "asyncrlhf.rewards.verify:math_score",
         description="decoded: `fn(response, reference) -> float`, by import path (default: the math verifier).",
+        json_schema_extra=DECODED,
     )
-    workers: int = Field(2, ge=0, description="decoded: pool processes (0: score in the rollout process, no timeout).")
-    timeout_s: float = Field(5.0, gt=0, description="decoded: per-row time limit; a row over it is killed.")
-    timeout_score: float = Field(0.0, description="decoded: the score of a row that timed out (reward/timeouts).")
-    error_score: float = Field(0.0, description="decoded: the score of a row whose scorer raised (reward/errors).")
+    workers: int = Field(
+        2,
+        ge=0,
+        description="decoded: pool processes (0: score in the rollout process, no timeout).",
+        json_schema_extra=DECODED,
+    )
+    timeout_s: float = Field(
+        5.0, gt=0, description="decoded: per-row time limit; a row over it is killed.", json_schema_extra=DECODED
+    )
+    timeout_score: float = Field(
+        0.0, description="decoded: the score of a row that timed out (reward/timeouts).", json_schema_extra=DECODED
+    )
+    error_score: float = Field(
+        0.0, description="decoded: the score of a row whose scorer raised (reward/errors).", json_schema_extra=DECODED
+    )
 
     @field_validator("kind")
     @classmethod
@@ -131,7 +155,9 @@ class RewardTermSpec(_Section):
 
 
 class BufferSpec(_Section):
-    max_staleness: int = Field(1, ge=0, description="async: largest τ = trainer version − data version trained on.")
+    max_staleness: int = Field(
+        1, ge=0, description="async: largest τ = trainer version − data version trained on.", json_schema_extra=ASYNC
+    )
 
 
 class TrainerSpec(_Section):
@@ -201,7 +227,9 @@ class OrchestratorSpec(_Section):
     publish_every: int = Field(
         1, ge=1, description="async: publish weights every this many steps (was `sync_every`, still read)."
     )
-    lag: int | None = Field(None, ge=0, description="lagged: data of step v comes from version max(0, v − lag).")
+    lag: int | None = Field(
+        None, ge=0, description="lagged: data of step v comes from version max(0, v − lag).", json_schema_extra=LAGGED
+    )
     eval_every: int = Field(50, ge=0, description="Held-out greedy evaluation every this many steps (0: never).")
     timeout_s: float = Field(
         600.0, gt=0, le=604_800, description="Longest any wait may last before the run fails (at most a week)."
@@ -237,15 +265,27 @@ class RuntimeSpec(_Section):
         None, ge=1, description="torch intra-op threads (local: the process; ray: each actor, default its num_cpus)."
     )
     address: str | None = Field(
-        None, description="ray: cluster to join ('auto', 'ray://head:10001'); null: start a local cluster."
+        None,
+        description="ray: cluster to join ('auto', 'ray://head:10001'); null: start a local cluster.",
+        json_schema_extra=RAY,
     )
-    num_cpus: int = Field(2, ge=1, description="ray: CPUs of the local cluster started when address is null.")
-    num_gpus: int | None = Field(None, ge=0, description="ray: GPUs of that local cluster (null: detect).")
+    num_cpus: int = Field(
+        2, ge=1, description="ray: CPUs of the local cluster started when address is null.", json_schema_extra=RAY
+    )
+    num_gpus: int | None = Field(
+        None, ge=0, description="ray: GPUs of that local cluster (null: detect).", json_schema_extra=RAY
+    )
     rollout: ActorSpec = Field(
-        default_factory=lambda: ActorSpec(num_cpus=0.5), description="ray: resources of each rollout actor."
+        default_factory=lambda: ActorSpec(num_cpus=0.5),
+        description="ray: resources of each rollout actor.",
+        json_schema_extra=RAY,
     )
-    trainer: ActorSpec = Field(default_factory=ActorSpec, description="ray: resources of the trainer actor.")
-    max_restarts: int = Field(3, ge=0, description="ray: restarts allowed per rollout actor before it is dropped.")
+    trainer: ActorSpec = Field(
+        default_factory=ActorSpec, description="ray: resources of the trainer actor.", json_schema_extra=RAY
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="ray: restarts allowed per rollout actor before it is dropped.", json_schema_extra=RAY
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RuntimeSpec:

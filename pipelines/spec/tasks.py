@@ -13,7 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from asyncrlhf.rewards import CompositeReward, DecodedReward, RewardTerm
 from asyncrlhf.tasks import AdditionTask, JsonlTask
 from asyncrlhf.tasks.dataset import DatasetTask
-from pipelines.spec.files import _Section
+from pipelines.spec.files import _Section, when
 
 __all__ = [
     "TaskSpec",
@@ -26,30 +26,55 @@ __all__ = [
 ]
 
 
+ADDITION, FILES, DATASET = when(kind=["addition"]), when(kind=["jsonl", "dataset"]), when(kind=["dataset"])
+
+
 class TaskSpec(_Section):
     kind: Literal["addition", "jsonl", "dataset"] = Field(
         "addition", description="The verifiable task: 2-digit addition, a JSONL file, or a dataset file."
     )
-    digits: int = Field(2, ge=1, le=6, description="Addition: digits per operand.")
+    digits: int = Field(2, ge=1, le=6, description="Addition: digits per operand.", json_schema_extra=ADDITION)
     eval_size: int = Field(200, ge=1, description="Addition: held-out problems.")
     eval_seed: int = Field(
         0, ge=0, description="Seeds the held-out draw (addition) or split (JSONL); fixed across run seeds."
     )
-    path: str | None = Field(None, description="JSONL: file of {prompt, answer} lines; dataset: .jsonl or .parquet.")
-    eval_path: str | None = Field(None, description="JSONL, dataset: separate evaluation file (else a share).")
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="JSONL, dataset: share held out without eval_path.")
-    answer_variants: bool = Field(False, description="JSONL, dataset: answers also match other (BPE) tokenizations.")
-    prompt_key: str = Field("prompt", min_length=1, description="dataset: the field holding the prompt.")
-    answer_key: str = Field("answer", min_length=1, description="dataset: the field holding the reference answer.")
-    system_prompt: str | None = Field(None, description="dataset: a system message (needs a chat template).")
-    chat_template: bool | None = Field(None, description="dataset: apply the tokenizer's chat template (null: if any).")
+    path: str | None = Field(
+        None, description="JSONL: file of {prompt, answer} lines; dataset: .jsonl or .parquet.", json_schema_extra=FILES
+    )
+    eval_path: str | None = Field(
+        None, description="JSONL, dataset: separate evaluation file (else a share).", json_schema_extra=FILES
+    )
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="JSONL, dataset: share held out without eval_path.", json_schema_extra=FILES
+    )
+    answer_variants: bool = Field(
+        False, description="JSONL, dataset: answers also match other (BPE) tokenizations.", json_schema_extra=FILES
+    )
+    prompt_key: str = Field(
+        "prompt", min_length=1, description="dataset: the field holding the prompt.", json_schema_extra=DATASET
+    )
+    answer_key: str = Field(
+        "answer",
+        min_length=1,
+        description="dataset: the field holding the reference answer.",
+        json_schema_extra=DATASET,
+    )
+    system_prompt: str | None = Field(
+        None, description="dataset: a system message (needs a chat template).", json_schema_extra=DATASET
+    )
+    chat_template: bool | None = Field(
+        None, description="dataset: apply the tokenizer's chat template (null: if any).", json_schema_extra=DATASET
+    )
     max_prompt_tokens: int | None = Field(
         None,
         ge=1,
         description="JSONL, dataset: longest prompt, in tokens (null: the model's context less "
         "rollout.max_new_tokens; more than that is refused).",
+        json_schema_extra=FILES,
     )
-    long_prompts: Literal["drop", "refuse"] = Field("drop", description="JSONL, dataset: what a longer prompt gets.")
+    long_prompts: Literal["drop", "refuse"] = Field(
+        "drop", description="JSONL, dataset: what a longer prompt gets.", json_schema_extra=FILES
+    )
 
     @field_validator("eval_size")
     @classmethod

@@ -29,13 +29,14 @@ from typing import Any
 from pipelines.run.checkpoint_store import checkpoint_folder
 from pipelines.run.processes import stop_requested
 from pipelines.spec import spec_from_dict
-from pipelines.spec.files import SpecError, run_name_for, set_path
+from pipelines.spec.files import SpecError, set_path
 from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.report import trial_rows
 from pipelines.sweeps.spec import SweepSpec, choice_value
 from pipelines.sweeps.trial import TrialRunner
 from pipelines.tracking import Tracker, end_run, new_run
+from pipelines.tracking.names import run_name_for
 
 __all__ = ["Driver"]
 
@@ -212,14 +213,16 @@ class Driver:
                     config.curves.setdefault(step, {})[seed] = curve[step]
 
     def _name(self, number: int, params: dict[str, Any], seed: int | None = None) -> str:
-        """``sweep-003·lr=0.0001·lag=2`` (and ``·s1`` per seed): the trial's swept values."""
-        name = run_name_for(f"{self.sweep.name}-{number:03d}", params)
-        return name if seed is None or not self.sweep.seeds else f"{name}·s{seed}"
+        """``lr=1e-4·lag=2`` (and ``·s1`` per seed): the trial's swept values (its number is
+        tag ``sweep.trial``); ``sweep-003`` for a trial that sweeps nothing."""
+        seed = seed if self.sweep.seeds else None
+        return run_name_for(f"{self.sweep.name}-{number:03d}", params, seed, limit=None)  # every swept value
 
     def _tags(self, number: int, params: dict[str, Any], seed: int) -> dict[str, str]:
         return {
             "sweep.trial": str(number),
             "sweep.params": json.dumps(params),
+            "sweep.config": sweep_runs.config_label(self.sweep, params),  # Group by: readable group names
             "sweep.name": self.sweep.name,
             "sweep.seed": str(seed),
         }
@@ -234,6 +237,8 @@ class Driver:
         data = copy.deepcopy(data)
         if self.sweep.seeds:
             data["seed"] = seed
+        swept = ", ".join(f"{key}={value}" for key, value in params.items()) or "the base as it is"
+        data["description"] = f"Trial {number} of sweep {self.sweep.name}: {swept}."
         data["tracking"] = {**self.sweep.tracking.model_dump(), "run_name": self._name(number, params, seed)}
         return data
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pipelines.sweeps.curves import write_study_curves
 from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.tracking import Tracker, end_run, new_run
+from pipelines.tracking.names import run_name_for, save_view
 from pipelines.tracking.store import owner_tags
 
 __all__ = [
@@ -150,9 +152,12 @@ def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
         "sweep.objective": sweep.objective,
         "sweep.storage": storage,
         "asyncrlhf.status": "running",
+        "mlflow.note.content": sweep.description or f"{sweep.method} sweep of {', '.join(sweep.space)}",
         **sweep.tracking.tags,
     }
     run_id = new_run(client, sweep.tracking.experiment, sweep.name, tags, flatten(sweep))
+    experiment_id = client.get_run(run_id).info.experiment_id
+    save_view(client, experiment_id, sweep.objective, maximize=sweep.direction == "maximize")
     study.set_user_attr(PARENT, run_id)
     return run_id
 
@@ -181,6 +186,28 @@ def refuse_orphaned(client: Any, sweep: SweepSpec, storage: str) -> None:
             )
 
 
+def config_label(sweep: SweepSpec, params: dict[str, Any]) -> str:
+    """A trial's configuration as its runs' name reads it, seeds aside: ``lag=16·m2po``."""
+    return run_name_for(sweep.name, params, limit=None)
+
+
+def config_metrics(sweep: SweepSpec, rows: list[dict[str, Any]], now: int) -> list[Any]:
+    """Per completed configuration ``summary/<config>/mean``, ``…/ci95`` (with two seeds or
+    more) and ``…/n``: sortable and chartable in MLflow, as ``trials.csv`` has them.
+    ``<config>`` is the trial's name in the characters a metric name may hold
+    (``lag=16·m2po`` → ``lag_16 m2po``)."""
+    from mlflow.entities import Metric
+
+    out = []
+    for row in rows:
+        if row["state"] != "COMPLETE" or row["value"] is None:
+            continue
+        label = re.sub(r"[^\w.\- ]", "_", config_label(sweep, row["params"]).replace("·", " ").replace("=", "_"))
+        figures = {"mean": row["value"], "ci95": row["ci95"], "n": row["n"] or 1}
+        out += [Metric(f"summary/{label}/{k}", float(v), now, 0) for k, v in figures.items() if v is not None]
+    return out
+
+
 def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, resumed: int) -> None:
     """The report's files and plots, counts and the best configuration, on the parent."""
     from mlflow.entities import Metric
@@ -196,6 +223,7 @@ def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, r
     metrics = [Metric(f"sweep/{s.lower()}", float(states.count(s)), now, 0) for s in ("COMPLETE", "PRUNED", "FAIL")]
     metrics.append(Metric("sweep/resumed_runs", float(resumed), now, 0))
     tags = {"sweep.status": "complete" if complete else "partial"}
+    metrics += config_metrics(sweep, rows, now)
     best = next((r for r in rows if r["state"] == "COMPLETE"), None)
     if best is not None:
         name = "best/" + sweep.objective.replace("/", "_")  # one "best" chart section, not "best/eval"

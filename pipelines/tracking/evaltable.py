@@ -1,6 +1,8 @@
 """The held-out evaluation as an MLflow table: per evaluation step, each logged problem's
-prompt, answer, greedy output and whether it was correct (``eval/samples.json``, shown in
-the run's Artifacts and in the experiment's Evaluation view)."""
+prompt, reference answer, greedy output and whether it was correct, the newest evaluation
+first: ``eval/samples.json`` (the runs page's table comparison, one row per problem with
+each run's output beside it) and ``eval/samples.html`` (one compact line per problem, in
+the run's Artifacts tab)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from typing import Any
 from asyncrlhf.orchestration.evaluate import EvalCallback, Evaluation
 from asyncrlhf.tasks.base import Problem
 
-__all__ = ["TABLE_FILE", "logged_until", "table_callback", "table_rows"]
+__all__ = ["HTML_FILE", "TABLE_FILE", "EvalTable", "logged_step", "table_callback", "table_rows"]
 
-TABLE_FILE = "eval/samples.json"
+TABLE_FILE, HTML_FILE = "eval/samples.json", "eval/samples.html"
 Rows = dict[str, list[Any]]
 
 
@@ -26,7 +28,8 @@ def table_rows(
     return {
         # First: MLflow's table comparison (the runs page's third view) groups rows by the
         # first column, so each (step, problem) is one row with every run's output beside it.
-        "problem": [f"step {step}: {p.prompt}" for p in problems[:n]],
+        # The reference is in it too: the comparison shows only that column and the outputs.
+        "problem": [f"step {step}: {p.prompt} (answer {p.answer})" for p in problems[:n]],
         "step": [step] * n,
         "prompt": [p.prompt for p in problems[:n]],
         "answer": [p.answer for p in problems[:n]],
@@ -52,16 +55,71 @@ def table_callback(
     return on_eval
 
 
-def logged_until(client: Any, run_id: str) -> int:
-    """The last step already in the run's table (-1: none), so a resumed run that repeats
-    an evaluation does not add its rows twice."""
+class EvalTable:
+    """A run's evaluation rows, the newest evaluation first, written whole at each
+    evaluation (MLflow's ``log_table`` would append them, the oldest first)."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+        self.columns: list[str] = []
+        self.data: list[list[Any]] = []  # rows, newest evaluation first
+
+    def load(self) -> int:
+        """Read what the run's table holds already (a resumed run); its last step (-1: none)."""
+        table = _download(self.client, self.run_id)
+        if table is not None:
+            self.columns, self.data = table["columns"], table["data"]
+        return logged_step(self.columns, self.data)
+
+    def add(self, rows: Rows) -> None:
+        """Put one evaluation's rows first and write both files."""
+        import warnings
+
+        self.columns = self.columns or list(rows)
+        new = [list(row) for row in zip(*(rows[c] for c in self.columns), strict=True)]
+        first = not self.data
+        self.data = new + self.data
+        if first:  # log_table also tags the run, so the runs page offers the table comparison
+            with warnings.catch_warnings():  # MLflow's own pandas 3 deprecation, nothing of ours
+                warnings.filterwarnings("ignore", message=".*select_dtypes.*")
+                self.client.log_table(self.run_id, data=rows, artifact_file=TABLE_FILE)
+        else:
+            self.client.log_dict(self.run_id, {"columns": self.columns, "data": self.data}, TABLE_FILE)
+        self.client.log_text(self.run_id, self.html(), HTML_FILE)
+
+    def html(self) -> str:
+        """Step, prompt, reference, output and a mark, one line a problem, newest first."""
+        import html
+
+        index = {c: self.columns.index(c) for c in ("step", "prompt", "answer", "output", "correct")}
+        lines = []
+        for row in self.data:
+            step, prompt, answer, output, correct = (row[index[c]] for c in index)
+            mark = '<td class="ok">✓</td>' if correct else '<td class="no">✗</td>'
+            cells = "".join(f"<td>{html.escape(str(v))}</td>" for v in (step, prompt, answer, output))
+            lines.append(f"<tr>{cells}{mark}</tr>")
+        style = (
+            "body{font:13px system-ui,sans-serif;margin:8px}table{border-collapse:collapse}"
+            "td,th{padding:2px 10px;border-bottom:1px solid #eee;text-align:left;white-space:pre}"
+            "th{position:sticky;top:0;background:#fafafa}.ok{color:#1a7f37}.no{color:#cf222e}"
+        )
+        head = "<tr><th>step</th><th>prompt</th><th>answer</th><th>output</th><th></th></tr>"
+        return f"<!doctype html><meta charset=utf-8><style>{style}</style><table>{head}{''.join(lines)}</table>\n"
+
+
+def logged_step(columns: list[str], data: list[list[Any]]) -> int:
+    if "step" not in columns:
+        return -1
+    column = columns.index("step")
+    return max((int(row[column]) for row in data), default=-1)
+
+
+def _download(client: Any, run_id: str) -> dict[str, Any] | None:
     import json
     import tempfile
 
     folder = TABLE_FILE.rsplit("/", 1)[0]
     if TABLE_FILE not in {a.path for a in client.list_artifacts(run_id, folder)}:
-        return -1
+        return None
     with tempfile.TemporaryDirectory(prefix="asyncrlhf-") as tmp:
-        table = json.loads(Path(client.download_artifacts(run_id, TABLE_FILE, tmp)).read_text())
-    column = table["columns"].index("step")
-    return max((int(row[column]) for row in table["data"]), default=-1)
+        return json.loads(Path(client.download_artifacts(run_id, TABLE_FILE, tmp)).read_text())

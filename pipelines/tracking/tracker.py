@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
-import subprocess
 import tempfile
 import time
 import warnings
@@ -27,8 +25,9 @@ import yaml
 
 from asyncrlhf.orchestration import RunHistory
 from pipelines.spec import ExperimentSpec, TrackingSpec
-from pipelines.spec.files import flatten, spec_hash
-from pipelines.tracking.evaltable import TABLE_FILE, logged_until
+from pipelines.spec.files import flatten, inapplicable, spec_hash
+from pipelines.tracking.evaltable import EvalTable
+from pipelines.tracking.names import run_tags, save_view
 from pipelines.tracking.store import (
     ARTIFACTS_TAG,
     DEFAULT_TRACKING_URI,
@@ -38,6 +37,7 @@ from pipelines.tracking.store import (
     owner_tags,
     resolve_tracking_uri,
 )
+from pipelines.tracking.system import SystemMetrics
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -100,20 +100,37 @@ def plot_title(run_name: str, params: dict[str, str]) -> str:
 
 
 def knobs(spec: ExperimentSpec) -> dict[str, str]:
-    """The spec's flattened fields but its bookkeeping (name, description, where it is
-    tracked), which are tags: "show diff only" then shows what was changed."""
-    bookkeeping = ("name", "description")
-    return {k: v for k, v in flatten(spec).items() if k not in bookkeeping and not k.startswith("tracking.")}
+    """The spec's flattened fields that apply to it: not its bookkeeping (name, description,
+    where it is tracked: tags), not an option of a kind it does not use (a decoded reward's
+    timeout on an exact-match reward, Ray's resources of a local run: see
+    :func:`~pipelines.spec.files.when`), not an unset one (null, an empty list). "Show diff
+    only" then shows what was changed."""
+    bookkeeping = ("name", "description", "tracking.")
+    dropped = tuple(inapplicable(spec))
+    return {
+        k: v
+        for k, v in flatten(spec).items()
+        if not k.startswith(bookkeeping)
+        and v not in ("null", "[]")
+        and not any(k == d or k.startswith(d + ".") for d in dropped)
+    }
 
 
 def new_run(
-    client: Any, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, str] | None = None
+    client: Any,
+    experiment: str,
+    run_name: str,
+    tags: dict[str, str],
+    params: dict[str, str] | None = None,
+    start_time: int | None = None,
 ) -> str:
-    """Create a run in ``experiment`` (created if new) with its tags and params; its id."""
+    """Create a run in ``experiment`` (created if new) with its tags and params, started at
+    ``start_time`` (ms; default now); its id."""
     from mlflow.entities import Param
 
     experiment_id = experiment_id_for(client, experiment, client.tracking_uri)
-    run_id = client.create_run(experiment_id, tags={**tags, **owner_tags()}, run_name=run_name).info.run_id
+    tags = {**tags, **owner_tags()}
+    run_id = client.create_run(experiment_id, start_time, tags, run_name).info.run_id
     batch = [Param(k, str(v)[:6000]) for k, v in (params or {}).items()]
     if batch:  # MLflow splits a batch to its request limits itself
         client.log_batch(run_id, params=batch, synchronous=True)
@@ -145,14 +162,6 @@ def read_run(client: Any, run_id: str) -> tuple[Any, dict[str, Any], str]:
     return run, spec, experiment
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 class Tracker:
     """One MLflow run: ``start`` → ``on_metrics`` per step → ``finish`` or ``fail``."""
 
@@ -171,6 +180,7 @@ class Tracker:
         self._system: Any = None  # MLflow's system-metrics monitor, while the run lives
         self._logged_until = -1  # a resumed run: steps up to here are in the store already
         self._table_until = -1  # and evaluations up to here are in its table
+        self._table: EvalTable | None = None
         self._figures_step = 0  # whole-run figures go at the step this process began from
         self._ended = False
 
@@ -194,9 +204,7 @@ class Tracker:
             **owner_tags(),
             **self.config.tags,
         }
-        commit = _git_commit()
-        if commit:
-            tags["mlflow.source.git.commit"] = commit
+        tags.update(run_tags(self.client, experiment_id, knobs(spec), tags))
         if parent_run_id is not None:
             tags["mlflow.parentRunId"] = parent_run_id
         tags["spec.name"] = spec.name  # bookkeeping as tags: the params are the experiment's knobs
@@ -205,6 +213,8 @@ class Tracker:
         run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
         self.run_id = run.info.run_id
         self.title = plot_title(run.info.run_name, knobs(spec))
+        if parent_run_id is None:  # a sweep saves its experiment's view, by its objective
+            save_view(self.client, experiment_id)
         self.heartbeat.beat(self.run_id)
         self._monitor_system(resumed=False)
         with self.failing():
@@ -226,7 +236,8 @@ class Tracker:
         self.title = plot_title(run.info.run_name, run.data.params)
         history = self.client.get_metric_history(run_id, "loss/policy")
         self._logged_until = max((m.step for m in history), default=0)
-        self._table_until = logged_until(self.client, run_id)
+        self._table = EvalTable(self.client, run_id)
+        self._table_until = self._table.load()
         # Whole-run figures at a step of their own if an earlier process logged them (a
         # finished run continued), else at step 0 (its final upload never got that far).
         self._figures_step = from_step if _FIGURE_MARK in run.data.metrics else 0
@@ -281,13 +292,13 @@ class Tracker:
         self.step_cpu_seconds += time.thread_time() - cpu
 
     def on_eval_rows(self, step: int, rows: dict[str, list[Any]]) -> None:
-        """One evaluation's rows, appended to the run's ``eval/samples.json`` table."""
+        """One evaluation's rows, put first in the run's ``eval/samples.json`` table."""
         if step <= self._table_until:
             return
         begin, cpu = time.perf_counter(), time.thread_time()
-        with warnings.catch_warnings():  # MLflow's own pandas 3 deprecation, nothing of ours
-            warnings.filterwarnings("ignore", message=".*select_dtypes.*")
-            self.client.log_table(self.run_id, data=rows, artifact_file=TABLE_FILE)
+        assert self.run_id is not None
+        self._table = self._table or EvalTable(self.client, self.run_id)
+        self._table.add(rows)
         self.step_seconds += time.perf_counter() - begin
         self.step_cpu_seconds += time.thread_time() - cpu
 
@@ -345,22 +356,11 @@ class Tracker:
         self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
 
     def _monitor_system(self, resumed: bool) -> None:
-        """MLflow's own CPU/memory/disk/network (and GPU) sampling into ``system/`` metrics
-        (the UI's System metrics tab); skipped, with a warning, where it cannot start."""
-        if not self.config.system_metrics:
-            return
-        try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no start/stop lines per run
-
-            self._system = SystemMetricsMonitor(
-                self.run_id, sampling_interval=10, resume_logging=resumed, tracking_uri=self.uri
-            )
-            self._system.start()
-        except Exception as err:  # e.g. psutil missing
-            warnings.warn(f"system metrics are not logged: {type(err).__name__}: {err}", stacklevel=2)
-            self._system = None
+        if self.config.system_metrics:
+            assert self.run_id is not None
+            self._system = SystemMetrics(self.run_id, self.uri, resumed)
+            if not self._system.start():
+                self._system = None
 
     def _end(self, status: str, label: str, tags: dict[str, str] | None = None) -> None:
         assert self.run_id is not None

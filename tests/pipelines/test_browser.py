@@ -54,7 +54,7 @@ def serve(store: str, folder: Path) -> tuple[subprocess.Popen, dict[str, str]]: 
     while "Application startup complete" not in (text := (folder / "ui.out").read_text()):
         assert ui.poll() is None and time.monotonic() < deadline, text[-2000:]
         time.sleep(0.3)
-    urls = dict(re.findall(r"^\s+(\S+): (http://\S+/runs\?workflowType=machine_learning)$", text, re.M))
+    urls = dict(re.findall(r"^\s+(\S+): (http://\S+/runs\?workflowType=machine_learning\S*)$", text, re.M))
     return ui, urls
 
 

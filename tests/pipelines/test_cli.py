@@ -73,7 +73,10 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     assert (params["trainer.steps"], params["algorithm.name"], params["orchestrator.mode"]) == ("6", "grpo", "lagged")
     # What differs is in the name; params are the knobs, bookkeeping is tags; the experiment
     # opens on its runs in MLflow 3's UI.
-    assert run.info.run_name == "quickstart·steps=6·batch_size=64·eval_every=3·eval_size=20"
+    # No knob changed: the base name, then how long, how big and how often while it fits 40 characters.
+    assert run.info.run_name == "quickstart·steps=6·batch=64·eval_every=3"
+    assert json.loads(run.data.tags["asyncrlhf.changed"]) == [o.split("=")[0] for o in SHORT[1::2]]
+    assert run.data.tags["mlflow.runColor"] == "#1f77b4" and run.data.tags["mlflow.source.name"] == "asyncrlhf"
     assert not {"name", "description", "tracking.experiment", "tracking.run_name"} & set(params)
     assert run.data.tags["spec.name"] == "quickstart"
     assert run.data.tags["mlflow.note.content"].startswith("lagged GRPO (k = 1, rollout and training concurrent)")
@@ -113,13 +116,15 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
     by_step: dict[int, list] = {}
     for row in table["data"]:
         by_step.setdefault(row[1], []).append(row[1:])
-        assert row[0] == f"step {row[1]}: {row[2]}"
-    assert sorted(by_step) == [0, 3, 6] and all(len(rows) == 20 for rows in by_step.values())
+        assert row[0] == f"step {row[1]}: {row[2]} (answer {row[3]})"  # the reference in the compared column
+    assert list(by_step) == [6, 3, 0] and all(len(rows) == 20 for rows in by_step.values())  # newest first
     for m in accuracy:
         rows = by_step[m.step]
         assert sum(r[4] for r in rows) / 20 == pytest.approx(m.value)
         assert all(r[3] == r[2] for r in rows if r[4])  # a correct output is the answer
     assert '"eval/samples.json"' in run.data.tags["mlflow.loggedArtifacts"]
+    page = Path(client.download_artifacts(run.info.run_id, "eval/samples.html", str(tmp_path))).read_text()
+    assert page.count("<tr>") == 61 and page.index(f"<td>6</td><td>{table['data'][0][2]}</td>") < page.index("<td>3</td>")
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {

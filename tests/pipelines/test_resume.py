@@ -155,7 +155,7 @@ def test_a_resumed_run_does_not_log_an_evaluation_twice(store, tmp_path):
     for step in (10, 20):
         second.on_eval_rows(step, {**rows, "step": [step]})
     second.fail(KeyboardInterrupt())
-    assert [row[1] for row in eval_table(store, run_id, tmp_path)] == [0, 10, 20]
+    assert [row[1] for row in eval_table(store, run_id, tmp_path)] == [20, 10, 0]  # once each, newest first
 
 
 @pytest.mark.slow

@@ -105,9 +105,10 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
     children = [c for c in children if c.info.status == "FINISHED"]  # those cut off by the SIGTERM are KILLED
     for child in children:  # named by their swept values
         lag, algorithm = child.data.params["orchestrator.lag"], child.data.params["algorithm.name"]
-        number, *values = child.info.run_name.split("·")
-        assert number == f"grid-{int(child.data.tags['sweep.trial']):03d}"
-        assert sorted(values) == [f"algorithm={algorithm}", f"lag={lag}"]
+        assert sorted(child.info.run_name.split("·")) == sorted([algorithm, f"lag={lag}"])
+        assert child.data.tags["mlflow.note.content"].startswith(
+            f"Trial {child.data.tags['sweep.trial']} of sweep grid"
+        )
     combos = [(c.data.params["orchestrator.lag"], c.data.params["algorithm.name"]) for c in children]
     assert sorted(combos) == [("0", "grpo"), ("0", "m2po"), ("2", "grpo"), ("2", "m2po")]
     for child in children:  # the tag of swept values and the full spec agree
@@ -120,7 +121,7 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
         # Each evaluation's table, as a tracked run logs it (once per step, also after a resume).
         table = MlflowClient(store).download_artifacts(child.info.run_id, "eval/samples.json", str(tmp_path))
         steps = [row[1] for row in json.loads(Path(table).read_text())["data"]]
-        assert steps == [0] * 20 + [2] * 20 + [4] * 20  # 20 held-out problems, evaluated at steps 0, 2, 4
+        assert steps == [4] * 20 + [2] * 20 + [0] * 20  # 20 held-out problems at steps 0, 2, 4, newest first
     summary = {
         "summary/trials.md",
         "summary/trials.csv",
@@ -549,7 +550,8 @@ def test_a_seed_that_finished_before_a_stop_is_adopted_not_run_again(store, tmp_
     by_seed = {c.data.tags["sweep.seed"]: c for c in children}
     adopted = by_seed["0"]
     assert adopted.info.run_id == first.info.run_id and adopted.data.tags["sweep.trial"] == str(row["number"]) == "1"
-    assert adopted.info.run_name == "adopt-001·lr=0.0003·s0" and by_seed["1"].info.run_name == "adopt-001·lr=0.0003·s1"
+    assert adopted.info.run_name == "lr=3e-4·s0" and by_seed["1"].info.run_name == "lr=3e-4·s1"
+    assert adopted.data.tags["mlflow.runColor"] == by_seed["1"].data.tags["mlflow.runColor"]  # one configuration
     finals = [by_seed[s].data.metrics["eval/accuracy"] for s in ("0", "1")]
     assert row["state"] == "COMPLETE" and row["seed_values"] == {0: finals[0], 1: finals[1]}
     assert row["value"] == pytest.approx(sum(finals) / 2) and parent.data.tags["sweep.status"] == "complete"
