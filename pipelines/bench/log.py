@@ -70,7 +70,7 @@ def log_benchmark(
     with tempfile.TemporaryDirectory(prefix="asyncrlhf-bench-") as tmp:
         if report is not None and report.exists():
             client.log_artifact(run_id, str(report))
-        trend = _plot_trend(client, suite, run_id, Path(tmp) / "trend.png")
+        trend = _plot_trend(client, suite, comparisons, Path(tmp) / "trend.png")
         if trend is not None:
             client.log_artifact(run_id, str(trend))
     if regressed:
@@ -92,18 +92,22 @@ def _table(comparisons: list[Any]) -> dict[str, list[Any]]:
     return columns
 
 
-def _plot_trend(client: Any, suite: str, run_id: str, path: Path) -> Path | None:
-    """Each figure of this run over the suite's runs, oldest first, labelled by commit."""
-    from pipelines.tracking.plots import plot_trend
+def _plot_trend(client: Any, suite: str, comparisons: list[Any], path: Path) -> Path | None:
+    """Each gated figure of this run over the suite's runs, oldest first, labelled by commit."""
+    from pipelines.bench.trend import Gated, plot_trend
 
+    gated = {
+        metric_name(c.figure.name): Gated(c.baseline, c.limit, c.figure.better)
+        for c in comparisons
+        if c.status in ("ok", "regressed") and c.baseline is not None and c.limit is not None
+    }
+    if not gated:
+        return None
     experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs(
         [experiment.experiment_id], f"tags.suite = '{suite}'", order_by=["start_time ASC"], max_results=200
     )
-    names = sorted({k for r in runs if r.info.run_id == run_id for k in r.data.metrics})
-    if not names:
-        return None
     labels = [(r.data.tags.get("mlflow.source.git.commit") or "?")[:7] for r in runs]
-    series = {name: [r.data.metrics.get(name) for r in runs] for name in names}
-    plot_trend(series, labels, f"benchmark runs of suite {json.dumps(suite)}, by commit", path)
+    series = {name: [r.data.metrics.get(name) for r in runs] for name in gated}
+    plot_trend(series, labels, gated, f"benchmark suite {json.dumps(suite)}", path)
     return path

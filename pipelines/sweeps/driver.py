@@ -238,7 +238,9 @@ class Driver:
         if self.sweep.seeds:
             data["seed"] = seed
         swept = ", ".join(f"{key}={value}" for key, value in params.items()) or "the base as it is"
-        data["description"] = f"Trial {number} of sweep {self.sweep.name}: {swept}."
+        # Not the trial's number: a trial re-asked after an interruption gets a new one, and
+        # continues the run whose spec says the same.
+        data["description"] = f"A trial of sweep {self.sweep.name}: {swept}."
         data["tracking"] = {**self.sweep.tracking.model_dump(), "run_name": self._name(number, params, seed)}
         return data
 

@@ -197,12 +197,12 @@ class SweepReport:
 
     def _plots(self, folder: Path) -> None:
         sweep = self.sweep
-        log_keys = {k for k, v in sweep.space.items() if not isinstance(v, list) and v.log}
+        ranges = {k: v.log for k, v in sweep.space.items() if not isinstance(v, list)}
         done = [r for r in self.rows if r["state"] == "COMPLETE"]
         title = f"{sweep.name}: {sweep.objective} per configuration"
         if sweep.seeds:
             title += f" (mean ± 95% CI over {len(sweep.seeds)} seeds)"
-        plot_objective(done, list(sweep.space), sweep.objective, log_keys, title, folder / "objective_vs_params.png")
+        plot_objective(done, list(sweep.space), sweep.objective, ranges, title, folder / "objective_vs_params.png")
         axes = staleness_axes(sweep)
         if axes:
             title = f"{sweep.name}: {sweep.objective} vs staleness"

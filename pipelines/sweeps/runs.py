@@ -17,7 +17,7 @@ from pipelines.sweeps.curves import write_study_curves
 from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec
 from pipelines.tracking import Tracker, end_run, new_run
-from pipelines.tracking.names import run_name_for, save_view
+from pipelines.tracking.names import COLOR_TAG, run_name_for, save_view
 from pipelines.tracking.store import owner_tags
 
 __all__ = [
@@ -153,6 +153,7 @@ def parent_run(client: Any, sweep: SweepSpec, study: Any, storage: str) -> str:
         "sweep.storage": storage,
         "asyncrlhf.status": "running",
         "mlflow.note.content": sweep.description or f"{sweep.method} sweep of {', '.join(sweep.space)}",
+        COLOR_TAG: PARENT_COLOR,
         **sweep.tracking.tags,
     }
     run_id = new_run(client, sweep.tracking.experiment, sweep.name, tags, flatten(sweep))
@@ -184,6 +185,9 @@ def refuse_orphaned(client: Any, sweep: SweepSpec, storage: str) -> None:
                 "is its parent, with trials (was the study's database deleted or moved?): restore it, "
                 f"or give the sweep a new name (--set name={sweep.name}-2) to start over"
             )
+
+
+PARENT_COLOR = "#24292f"  # a sweep's parent run: near black, a colour no configuration gets
 
 
 def config_label(sweep: SweepSpec, params: dict[str, Any]) -> str:
@@ -223,7 +227,10 @@ def log_summary(client: Any, parent: str, report: SweepReport, complete: bool, r
     metrics = [Metric(f"sweep/{s.lower()}", float(states.count(s)), now, 0) for s in ("COMPLETE", "PRUNED", "FAIL")]
     metrics.append(Metric("sweep/resumed_runs", float(resumed), now, 0))
     tags = {"sweep.status": "complete" if complete else "partial"}
-    metrics += config_metrics(sweep, rows, now)
+    summary = config_metrics(sweep, rows, now)
+    metrics += summary
+    means = [m.key for m in summary if m.key.endswith("/mean")]
+    save_view(client, client.get_run(parent).info.experiment_id, sweep.objective, sweep.direction == "maximize", means)
     best = next((r for r in rows if r["state"] == "COMPLETE"), None)
     if best is not None:
         name = "best/" + sweep.objective.replace("/", "_")  # one "best" chart section, not "best/eval"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -176,16 +177,19 @@ def run_tags(client: Any, experiment_id: str, values: dict[str, str], tags: dict
     return tags
 
 
-def save_view(client: Any, experiment_id: str, objective: str = "eval/accuracy", maximize: bool = True) -> None:
+def save_view(
+    client: Any, experiment_id: str, objective: str = "eval/accuracy", maximize: bool = True, extra: Sequence[str] = ()
+) -> None:
     """Save the experiment's default view (opened by :func:`experiment_url` with
     :data:`VIEW_KEY`): the objective, ``eval/accuracy`` and ``reward/mean``, and every knob
     one of its runs changed (those of :data:`CADENCE` last, ``runtime.*`` left out), as
-    columns; sorted by the objective, best first."""
+    columns, then the metrics ``extra`` (a sweep's per-configuration summary); sorted by the
+    objective, best first."""
     changed: dict[str, None] = {}
     for run in reversed(client.search_runs([experiment_id], max_results=1000)):  # oldest first
         changed.update(dict.fromkeys(k for k in _changed(run.data.tags) if not k.startswith(UNNAMED)))
     keys = [k for k in changed if not k.startswith(CADENCE)] + [k for k in changed if k.startswith(CADENCE[:-1])]
-    metrics = list(dict.fromkeys([objective, "eval/accuracy", "reward/mean"]))
+    metrics = list(dict.fromkeys([objective, "eval/accuracy", "reward/mean", *extra]))
     columns = [*(f"metrics.`{m}`" for m in metrics), *(f"params.`{k}`" for k in keys)]
     state = {
         "orderByKey": f"metrics.`{objective}`",
@@ -193,7 +197,7 @@ def save_view(client: Any, experiment_id: str, objective: str = "eval/accuracy",
         "selectedColumns": columns,
         # MLflow sizes only the columns it is given an order for: a 40-character name, whole
         "columnOrder": [RUN_NAME, "runDateAndNestInfo", "duration", *columns],
-        "columnWidths": {RUN_NAME: NAME_COLUMN_PX},
+        "columnWidths": {RUN_NAME: NAME_COLUMN_PX, **{f"metrics.`{m}`": 180 for m in extra}},
     }
     client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
 

@@ -11,13 +11,15 @@ from typing import Any
 from asyncrlhf.orchestration import RunHistory
 
 __all__ = [
+    "overflow",
     "plot_curves",
     "plot_objective",
     "plot_run_staleness",
     "plot_staleness",
     "plot_study_curves",
     "plot_timeline",
-    "plot_trend",
+    "pyplot",
+    "save",
 ]
 
 _GANTT_MAX_EVENTS = 300  # beyond this a Gantt chart is a barcode: the timeline shows shares per time bin
@@ -34,41 +36,102 @@ _PHASE_COLOURS = {
 }
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def pyplot():  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg")  # headless: never needs a display
     import matplotlib.pyplot as plt
 
+    # Readable at 100% zoom: no text under 10 pt.
+    sizes = ("font.size", "axes.labelsize", "xtick.labelsize", "ytick.labelsize", "legend.fontsize")
+    plt.rcParams.update({**dict.fromkeys(sizes, 10), "axes.titlesize": 11, "figure.titlesize": 12})
     return plt
 
 
+def overflow(fig: Any) -> list[str]:
+    """The figure's drawn texts (titles, axis labels, tick labels in view, legends,
+    annotations) that reach outside it."""
+    fig.canvas.draw()
+    renderer, box = fig.canvas.get_renderer(), fig.bbox
+    texts = [*fig.texts, *(t for legend in fig.legends for t in legend.get_texts())]
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        if ax.get_legend() is not None:
+            texts += ax.get_legend().get_texts()
+        for axis, (low, high) in ((ax.xaxis, sorted(ax.get_xlim())), (ax.yaxis, sorted(ax.get_ylim()))):
+            texts += [t.label1 for t in axis.get_major_ticks() if low <= t.get_loc() <= high and t.label1.get_visible()]
+    outside = []
+    for text in texts:
+        if not text.get_visible() or not str(text.get_text()).strip():
+            continue
+        extent = text.get_window_extent(renderer)
+        if extent.x0 < box.x0 - 1 or extent.x1 > box.x1 + 1 or extent.y0 < box.y0 - 1 or extent.y1 > box.y1 + 1:
+            outside.append(str(text.get_text()))
+    return outside
+
+
+def _fit_titles(fig: Any) -> None:
+    """Wrap each title (and the suptitle) onto more lines until it fits its width."""
+    import textwrap
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    titles = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
+    if fig._suptitle is not None:
+        titles.append(fig._suptitle)
+    for title in titles:
+        text = title.get_text()
+        if not text:
+            continue
+        room = 0.96 * (fig.bbox.width if title is fig._suptitle else title.axes.bbox.width + 40)
+        width = max(len(line) for line in text.splitlines())
+        while title.get_window_extent(renderer).width > room and width > 12:
+            width = int(width * 0.85)
+            title.set_text("\n".join(textwrap.fill(line, width) for line in text.splitlines()))
+
+
+def save(fig: Any, path: Path, dpi: int = 110, rect: tuple[float, float, float, float] | None = None) -> None:
+    """Titles fitted, laid out, written, closed."""
+    plt = pyplot()
+    _fit_titles(fig)
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def _legend_beside(ax: Any) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+
+
 def plot_curves(history: RunHistory, path: Path, title: str = "") -> None:
-    """Reward per step and held-out accuracy per evaluation, one figure."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Reward per step and held-out accuracy per evaluation, one figure; the axis spans
+    the data (a 5-point change is visible) and the accuracy at the start is marked."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     reward = history.metric("reward/mean")
     ax.plot([s for s, _ in reward], [v for _, v in reward], color="#4c78a8", alpha=0.6, label="reward/mean")
     accuracy = history.metric("eval/accuracy")
     if "eval/accuracy" in history.initial_metrics:
-        accuracy = [(0, history.initial_metrics["eval/accuracy"]), *accuracy]
+        start = history.initial_metrics["eval/accuracy"]
+        accuracy = [(0, start), *accuracy]
+        ax.axhline(start, color="#f58518", ls=":", lw=1, label=f"accuracy at start ({start:.3f})")
     if accuracy:
         ax.plot([s for s, _ in accuracy], [v for _, v in accuracy], "o-", color="#f58518", label="eval/accuracy")
     ax.set_xlabel("trainer step")
-    ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
-    ax.set_title(f"{title or history.mode}\nreward and held-out accuracy", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if ax.lines:
+        _legend_beside(ax)
+    ax.set_title(f"{title or history.mode}: reward and held-out accuracy", loc="left")
+    save(fig, path)
 
 
 def plot_run_staleness(history: RunHistory, path: Path, title: str = "") -> None:
     """Staleness of every trained batch, per step: mean and max in policy versions (and the
     mean in optimiser updates when a step makes more than one)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 3.4))
     for key, style in (("staleness/mean", "-"), ("staleness/max", ":"), ("staleness/updates", "--")):
         points = history.metric(key)
         if key == "staleness/updates" and all(
@@ -80,11 +143,10 @@ def plot_run_staleness(history: RunHistory, path: Path, title: str = "") -> None
     ax.set_xlabel("trainer step")
     ax.set_ylabel("staleness")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_title(f"{title or history.mode}\nstaleness of the trained batches", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if ax.lines:
+        _legend_beside(ax)
+    ax.set_title(f"{title or history.mode}: staleness of the trained batches", loc="left")
+    save(fig, path)
 
 
 def plot_timeline(history: RunHistory, path: Path, title: str = "") -> None:
@@ -92,13 +154,13 @@ def plot_timeline(history: RunHistory, path: Path, title: str = "") -> None:
     for short runs; beyond a few hundred events, each worker's share of time per phase in
     60 time bins, which stays readable at any run length. The legend lists only the phases
     that occur."""
-    plt = _pyplot()
+    plt = pyplot()
     events = history.timeline
     workers = sorted({e.worker for e in events})
     phases = [p for p in _PHASE_COLOURS if any(e.phase == p for e in events)]
     gantt = len(events) <= _GANTT_MAX_EVENTS
     rows = 1 if gantt or not workers else len(workers)
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.6 if gantt else 1.6 * rows + 1), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 3 if gantt else 1.7 * rows + 1), squeeze=False, sharex=True)
     if events:
         origin = min(e.start for e in events)
         if gantt:
@@ -106,16 +168,14 @@ def plot_timeline(history: RunHistory, path: Path, title: str = "") -> None:
         else:
             for ax, worker in zip(axes[:, 0], workers, strict=True):
                 _shares(ax, [e for e in events if e.worker == worker], phases, origin, max(e.end for e in events))
-                ax.set_ylabel(worker, fontsize=8)
+                ax.set_ylabel(worker)
         handles = [plt.Rectangle((0, 0), 1, 1, color=_PHASE_COLOURS[p]) for p in phases]
-        fig.legend(handles, phases, ncol=max(1, len(phases)), fontsize=7, loc="lower center")
+        fig.legend(handles, phases, loc="center right", frameon=False)
     axes[-1, 0].set_xlabel("seconds since start")
     axes[0, 0].set_title(
-        f"{title or history.mode}\ntimeline" + ("" if gantt else ": share of time per phase"), fontsize=9
+        f"{title or history.mode}: timeline" + ("" if gantt else ", share of time per phase"), loc="left"
     )
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, rect=(0, 0, 0.86, 1))
 
 
 def _gantt(ax: Any, events: list[Any], workers: list[str], phases: list[str], origin: float) -> None:
@@ -146,41 +206,55 @@ def _shares(ax: Any, events: list[Any], phases: list[str], origin: float, end: f
 
 
 def plot_objective(
-    rows: list[dict[str, Any]], keys: list[str], objective: str, log_keys: set[str], title: str, path: Path
+    rows: list[dict[str, Any]], keys: list[str], objective: str, ranges: dict[str, bool], title: str, path: Path
 ) -> None:
     """A sweep's objective against each swept field (one panel per field, one point per
-    configuration; with seeds, the seed mean with its 95% CI as an error bar)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    configuration; with seeds, the seed mean with its 95% CI as an error bar). A grid's
+    values are evenly spaced and each labelled, and configurations sharing a value stand
+    side by side, not on top of each other; a sampled range (``ranges``: key → log scale)
+    keeps its numeric axis."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(keys), figsize=(max(4.5 * len(keys), 6.5), 3.6), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         values = [r["params"][key] for r in rows]
-        scores = [r["value"] for r in rows]
-        errors = [r.get("ci95") or 0.0 for r in rows]
-        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        if key in ranges:
             xs = values
-            if key in log_keys:
-                ax.set_xscale("log")
+            ax.set_xscale("log" if ranges[key] else "linear")
         else:
-            labels = sorted({str(v) for v in values})
-            xs = [labels.index(str(v)) for v in values]
-            ax.set_xticks(range(len(labels)), labels)
-        ax.errorbar(xs, scores, yerr=errors, fmt="o", color="#4c78a8", ecolor="#9ecae9", capsize=3)
-        if all(0.0 <= v <= 1.0 for v in scores):  # a share (accuracy): its whole range, so a gap inside the
-            ax.set_ylim(0.0, 1.0)  # noise is not magnified into a difference
+            xs = _dodged(ax, values)
+        errors = [r.get("ci95") or 0.0 for r in rows]
+        ax.errorbar(xs, [r["value"] for r in rows], yerr=errors, fmt="o", color="#4c78a8", ecolor="#9ecae9", capsize=3)
         ax.set_xlabel(key)
         ax.set_ylabel(objective)
         ax.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.suptitle(title)
+    save(fig, path)
+
+
+def _dodged(ax: Any, values: list[Any]) -> list[float]:
+    """Positions of grid values, evenly spaced and labelled; the j-th configuration at a
+    value moved right by j small steps."""
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        values = [str(v) for v in values]
+    labels = sorted(set(values))
+    xs, seen = [], {}
+    for v in values:
+        j = seen[v] = seen.get(v, -1) + 1
+        xs.append(labels.index(v) + 0.12 * (j - (values.count(v) - 1) / 2))
+    ax.set_xticks(range(len(labels)), [_short_label(v) for v in labels])
+    ax.set_xlim(-0.5, max(len(labels), 1) - 0.5)
+    return xs
+
+
+def _short_label(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, title: str, path: Path) -> None:
     """Final objective against staleness, one line per algorithm (``table[algo][k]`` a
     :class:`~pipelines.sweeps.stats.SeedSummary`): the mean, with a 95% CI band where n > 1."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     share = all(0.0 <= s.mean <= 1.0 for by_k in table.values() for s in by_k.values())
     for i, algo in enumerate(sorted(table)):  # colours by sorted label, as plot_study_curves
         by_k = table[algo]
@@ -204,31 +278,22 @@ def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, t
                 capsize=3,
             )
     ax.set_xscale("symlog", linthresh=1)
+    lags = sorted({k for by_k in table.values() for k in by_k})
+    ax.set_xticks(lags, [str(k) for k in lags])  # every lag labelled, 4 and 16 too
+    ax.xaxis.set_minor_locator(_null_locator())
     ax.set_xlabel(f"staleness ({key})")
     ax.set_ylabel(f"final {objective}")
     ax.grid(alpha=0.3)
     if table:
-        ax.legend()
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _legend_beside(ax)
+    ax.set_title(title, loc="left")
+    save(fig, path)
 
 
-def plot_trend(series: dict[str, list[float | None]], labels: list[str], xlabel: str, path: Path) -> None:
-    """One panel per figure: its value in each run (None: not measured), runs labelled."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(len(series), 1, figsize=(8, 1.8 * len(series) + 0.6), squeeze=False, sharex=True)
-    for ax, (name, values) in zip(axes[:, 0], series.items(), strict=True):
-        xs = [i for i, v in enumerate(values) if v is not None]
-        ax.plot(xs, [values[i] for i in xs], marker="o")
-        ax.set_title(name, fontsize=8, loc="left")
-        ax.tick_params(labelsize=7)
-    axes[-1, 0].set_xticks(range(len(labels)), labels, rotation=45, fontsize=7)
-    axes[-1, 0].set_xlabel(xlabel)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+def _null_locator() -> Any:
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
 
 
 def plot_study_curves(
@@ -237,14 +302,13 @@ def plot_study_curves(
     """A staleness sweep's curves: one row per metric (the objective against optimiser
     updates first, then per-step statistics), one column per staleness value, one line
     per objective: the seed mean with the seeds' range as a band."""
-    plt = _pyplot()
+    plt = pyplot()
     metrics = list(curves)
     lags = sorted({k for by_k in curves.values() for k in by_k})
     labels = sorted({label for by_k in curves.values() for by_label in by_k.values() for label in by_label})
     colours = {label: f"C{i}" for i, label in enumerate(labels)}
-    fig, axes = plt.subplots(
-        len(metrics), len(lags), figsize=(3.4 * len(lags), 2.4 * len(metrics)), squeeze=False, sharey="row"
-    )
+    width = max(4.2 * len(lags), 10.0) + 2.0  # the legend beside
+    fig, axes = plt.subplots(len(metrics), len(lags), figsize=(width, 2.8 * len(metrics)), squeeze=False, sharey="row")
     for row, metric in enumerate(metrics):
         for col, lag in enumerate(lags):
             ax = axes[row, col]
@@ -254,14 +318,11 @@ def plot_study_curves(
             if metric in ("policy/m2", "policy/ratio_max"):  # spans decades once data is stale
                 ax.set_yscale("symlog", linthresh=1e-3)
             if row == 0:
-                ax.set_title(f"{key} = {lag}", fontsize=8)
-            ax.set_xlabel("optimiser update" if metric == objective else "step", fontsize=8)
-            ax.set_ylabel(metric if col == 0 else "", fontsize=8)
-            ax.tick_params(labelsize=7)
+                ax.set_title(f"{key} = {lag}")
+            ax.set_xlabel("optimiser update" if metric == objective else "step")
+            ax.set_ylabel(metric if col == 0 else "")
             ax.grid(alpha=0.3)
     handles, names = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.suptitle(title + " (seed mean; band: seed range)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    fig.legend(handles, names, loc="center right", frameon=False)
+    fig.suptitle(title + " (seed mean; band: seed range)")
+    save(fig, path, dpi=100, rect=(0, 0, 1 - 2.0 / width, 1))

@@ -124,7 +124,9 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
         assert all(r[3] == r[2] for r in rows if r[4])  # a correct output is the answer
     assert '"eval/samples.json"' in run.data.tags["mlflow.loggedArtifacts"]
     page = Path(client.download_artifacts(run.info.run_id, "eval/samples.html", str(tmp_path))).read_text()
-    assert page.count("<tr>") == 61 and page.index(f"<td>6</td><td>{table['data'][0][2]}</td>") < page.index("<td>3</td>")
+    assert page.count("<tr>") == 61 and page.index(f"<td>6</td><td>{table['data'][0][2]}</td>") < page.index(
+        "<td>3</td>"
+    )
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {
