@@ -279,7 +279,7 @@ def run_experiment(
             stack.callback(runtime.close)  # actors, a decoded reward's pool
             run_id, store, begun = _open_run(spec, runtime, tracker, store, resume, checkpoint_dir, restore, stack)
             if tracker is not None and resume is None:
-                tracker.log_figures(data)  # whole-run figures known at the start, at step 0
+                tracker.log_opening_figures(data)  # whole-run figures known at the start, at step 0
             history, extra = _train(spec, runtime, store, tracker, begun)
     except KeyboardInterrupt:
         if tracker is False or (tracker is not None and tracker.run_id is None):

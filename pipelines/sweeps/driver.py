@@ -237,7 +237,7 @@ class Driver:
         data = copy.deepcopy(data)
         if self.sweep.seeds:
             data["seed"] = seed
-        swept = ", ".join(f"{key}={value}" for key, value in params.items()) or "the base as it is"
+        swept = ", ".join(f"{k}={params[k]}" for k in self.sweep.space if k in params) or "the base as it is"
         # Not the trial's number: a trial re-asked after an interruption gets a new one, and
         # continues the run whose spec says the same.
         data["description"] = f"A trial of sweep {self.sweep.name}: {swept}."

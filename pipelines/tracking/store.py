@@ -21,10 +21,13 @@ import contextlib
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 __all__ = [
     "ARTIFACTS_TAG",
@@ -35,6 +38,7 @@ __all__ = [
     "end_run",
     "open_store",
     "owner_tags",
+    "read_run",
     "reconcile",
     "relocate",
     "resolve_tracking_uri",
@@ -252,3 +256,28 @@ class Heartbeat:
             for run_id in runs:
                 with contextlib.suppress(Exception):  # the store is busy or gone: the next beat tries again
                     self.client.set_tag(run_id, HEARTBEAT_TAG, str(int(time.time())), synchronous=True)
+
+
+def read_run(client: Any, run_id: str) -> tuple[Any, dict[str, Any], str]:
+    """``(run, spec mapping, experiment name)`` of a run this platform logged.
+
+    Raises:
+        LookupError: no such run in the store, or one without its ``spec.yaml``.
+    """
+    try:
+        run = client.get_run(run_id)
+    except Exception:
+        raise LookupError(f"no run {run_id!r} in {client.tracking_uri}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, "spec.yaml", tmp)
+        except Exception:
+            raise LookupError(f"run {run_id!r} has no spec.yaml: not an asyncrlhf run") from None
+        try:
+            spec = yaml.safe_load(Path(path).read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise LookupError(f"run {run_id!r}: its spec.yaml cannot be read ({type(err).__name__})") from None
+    if not isinstance(spec, dict):
+        raise LookupError(f"run {run_id!r}: its spec.yaml is not a spec (a mapping), got {type(spec).__name__}")
+    experiment = client.get_experiment(run.info.experiment_id).name
+    return run, spec, experiment

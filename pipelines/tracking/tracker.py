@@ -35,6 +35,7 @@ from pipelines.tracking.store import (
     end_run,
     open_store,
     owner_tags,
+    read_run,
     resolve_tracking_uri,
 )
 from pipelines.tracking.system import SystemMetrics
@@ -137,31 +138,6 @@ def new_run(
     return run_id
 
 
-def read_run(client: Any, run_id: str) -> tuple[Any, dict[str, Any], str]:
-    """``(run, spec mapping, experiment name)`` of a run this platform logged.
-
-    Raises:
-        LookupError: no such run in the store, or one without its ``spec.yaml``.
-    """
-    try:
-        run = client.get_run(run_id)
-    except Exception:
-        raise LookupError(f"no run {run_id!r} in {client.tracking_uri}") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = client.download_artifacts(run_id, "spec.yaml", tmp)
-        except Exception:
-            raise LookupError(f"run {run_id!r} has no spec.yaml: not an asyncrlhf run") from None
-        try:
-            spec = yaml.safe_load(Path(path).read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
-            raise LookupError(f"run {run_id!r}: its spec.yaml cannot be read ({type(err).__name__})") from None
-    if not isinstance(spec, dict):
-        raise LookupError(f"run {run_id!r}: its spec.yaml is not a spec (a mapping), got {type(spec).__name__}")
-    experiment = client.get_experiment(run.info.experiment_id).name
-    return run, spec, experiment
-
-
 class Tracker:
     """One MLflow run: ``start`` → ``on_metrics`` per step → ``finish`` or ``fail``."""
 
@@ -182,6 +158,7 @@ class Tracker:
         self._table_until = -1  # and evaluations up to here are in its table
         self._table: EvalTable | None = None
         self._figures_step = 0  # whole-run figures go at the step this process began from
+        self._opening_figures: dict[str, float] = {}  # known at the start, logged after the first step
         self._ended = False
 
     # ------------------------------------------------------------- lifecycle
@@ -288,6 +265,9 @@ class Tracker:
         self._steps_since_flush += 1
         if step == 0 or self._steps_since_flush >= self.config.flush_every:
             self.flush()
+        if self._opening_figures:  # after the first step's metrics: MLflow's compare view picks its
+            self.log_figures(self._opening_figures)  # default axes in the order metrics were logged
+            self._opening_figures = {}
         self.step_seconds += time.perf_counter() - begin
         self.step_cpu_seconds += time.thread_time() - cpu
 
@@ -307,6 +287,11 @@ class Tracker:
         pending, self._pending, self._steps_since_flush = self._pending, [], 0
         if pending:  # MLflow splits a batch to its request limits itself
             self.client.log_batch(self.run_id, metrics=pending, synchronous=True)
+
+    def log_opening_figures(self, figures: dict[str, float]) -> None:
+        """Whole-run figures known before training (the data's counts): logged at step 0
+        once the first step's metrics are, so ``eval/accuracy`` leads the run's metrics."""
+        self._opening_figures = dict(figures)
 
     def log_figures(self, figures: dict[str, float] | dict[str, int]) -> None:
         """Whole-run figures, one value each: at step 0, or, for a resumed run that logged

@@ -67,6 +67,15 @@ def test_lagged_k4_trains_on_data_exactly_4_versions_old():
     assert history.steps[-1]["staleness/max"] == 4.0
 
 
+def test_the_backlog_is_read_when_the_step_has_taken_its_batch():
+    """``buffer/size`` is read once the step's batch is taken and before training: 0 in
+    sync; in lagged k it is how far rollout ran ahead within the schedule (at most k
+    batches), a timing figure, as in async."""
+    assert set(curve(build("sync").run(5), "buffer/size")) == {0.0}
+    for lag in (1, 3):
+        assert max(curve(build("lagged", lag=lag).run(8), "buffer/size")) <= lag * 16
+
+
 @pytest.mark.parametrize(("max_staleness", "publish_every"), [(1, 1), (2, 3)])
 def test_async_respects_the_staleness_bound_and_accounts_for_everything(max_staleness, publish_every):
     orchestrator = build("async", max_staleness=max_staleness, publish_every=publish_every)

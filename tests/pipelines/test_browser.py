@@ -169,8 +169,15 @@ def check_eval_table_and_compare(page, names: list[str]) -> None:  # type: ignor
         row.get_by_role("checkbox").first.check()
     page.get_by_role("button", name="Compare").first.click()
     page.get_by_text("Parameters", exact=True).first.wait_for()
+    page.goto(page.url + "&workflowType=machine_learning")  # MLflow's compare link drops the layout
     for name in names:
         page.get_by_text(name, exact=True).first.wait_for()
+    # The parallel-coordinates plot's default axes: the changed knob against the accuracy
+    # (it took the first metric logged, once the constant task/eval_problems).
+    selectors = page.locator(".ant-select-selection-overflow, [class*='select']").all_inner_texts()
+    assert any("eval/accuracy" in text for text in selectors), selectors
+    assert not any("task/eval_problems" in text for text in selectors), selectors
+    page.locator(".js-plotly-plot").first.wait_for()  # the plot drawn, not its placeholder
     page.screenshot(path=SHOTS / "compare.png", full_page=True)
 
 

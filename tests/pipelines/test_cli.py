@@ -63,7 +63,6 @@ def test_malformed_yaml_and_missing_file(store, tmp_path):
 
 
 def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")  # 10 s by default: this run is shorter
     done = subprocess.run([*cli(), "run", str(QUICKSTART), *SHORT], capture_output=True, text=True, env=env())
     assert done.returncode == 0, done.stderr[-2000:]
     assert "summary" in done.stdout and "asyncrlhf ui" in done.stdout
@@ -128,6 +127,10 @@ def test_run_through_the_cli_into_a_real_store(store, tmp_path, monkeypatch):
         "<td>3</td>"
     )
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
+    # Sampled every second in a run's first minute (MLflow's 10 s gave a short run one sample).
+    seconds = (run.info.end_time - run.info.start_time) / 1000
+    samples = client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert len(samples) >= min(int(seconds) - 1, 3), (seconds, len(samples))
     artifacts = {a.path for folder in ("", "plots", "history") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {
         "spec.yaml",

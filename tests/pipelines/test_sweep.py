@@ -106,7 +106,7 @@ def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, 
     for child in children:  # named by their swept values
         lag, algorithm = child.data.params["orchestrator.lag"], child.data.params["algorithm.name"]
         assert sorted(child.info.run_name.split("·")) == sorted([algorithm, f"lag={lag}"])
-        description = f"A trial of sweep grid: orchestrator.lag={lag}, algorithm.name={algorithm}."
+        description = f"A trial of sweep grid: algorithm.name={algorithm}, orchestrator.lag={lag}."  # space order
         assert child.data.tags["mlflow.note.content"] == description
     combos = [(c.data.params["orchestrator.lag"], c.data.params["algorithm.name"]) for c in children]
     assert sorted(combos) == [("0", "grpo"), ("0", "m2po"), ("2", "grpo"), ("2", "m2po")]
