@@ -21,7 +21,7 @@ def ui(
     """Serve the MLflow UI for the local store (runs whose process died are marked KILLED first)."""
     from pipelines.run.processes import port_in_use, serve
     from pipelines.tracking import open_store, resolve_tracking_uri, tag_experiments
-    from pipelines.tracking.names import VIEW_KEY, experiment_url
+    from pipelines.tracking.names import GROUPED_VIEW_KEY, VIEW_KEY, experiment_url
 
     if port_in_use(host, port):  # before any link is printed: the server would fail, and exit 0
         fail(f"--port {port} on {host} is in use: choose another with --port")
@@ -34,4 +34,7 @@ def ui(
     for experiment in experiments[:10]:  # each in the Model-training layout, with its saved view
         view = VIEW_KEY if f"mlflow.sharedViewState.{VIEW_KEY}" in experiment.tags else None
         console.print(f"  {experiment.name}: {experiment_url(base, experiment.experiment_id, view)}", soft_wrap=True)
+        if f"mlflow.sharedViewState.{GROUPED_VIEW_KEY}" in experiment.tags:  # a sweep's
+            grouped = experiment_url(base, experiment.experiment_id, GROUPED_VIEW_KEY)
+            console.print(f"  {experiment.name}, trials by configuration: {grouped}", soft_wrap=True)
     raise typer.Exit(serve(command))

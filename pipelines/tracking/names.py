@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "COLOR_TAG",
     "CONFIG_TAG",
+    "GROUPED_VIEW_KEY",
     "PALETTE",
     "VIEW_KEY",
     "choose_color",
@@ -43,6 +44,8 @@ UNNAMED = ("tracking.", "name", "description", "seed")  # bookkeeping (the seed 
 MODEL_TRAINING = "workflowType=machine_learning"  # MLflow 3 otherwise opens its GenAI layout
 CHANGED_TAG = "asyncrlhf.changed"  # the knobs a run changed from its base spec (a JSON list)
 VIEW_KEY = "asyncrlhf"  # the experiment's saved view: tag mlflow.sharedViewState.<key>, link ?viewStateShareKey=
+GROUPED_VIEW_KEY = "asyncrlhf-by-config"  # a sweep's: its trials grouped by tag sweep.config
+CONFIG_GROUP = {"mode": "tag", "groupByData": "sweep.config"}
 
 
 def format_value(value: Any) -> str:
@@ -184,7 +187,8 @@ def save_view(
     :data:`VIEW_KEY`): the objective, ``eval/accuracy`` and ``reward/mean``, and every knob
     one of its runs changed (those of :data:`CADENCE` last, ``runtime.*`` left out), as
     columns, then the metrics ``extra`` (a sweep's per-configuration summary); sorted by the
-    objective, best first."""
+    objective, best first. With ``extra``, also :data:`GROUPED_VIEW_KEY`: the same, its
+    trials grouped by configuration."""
     changed: dict[str, None] = {}
     for run in reversed(client.search_runs([experiment_id], max_results=1000)):  # oldest first
         changed.update(dict.fromkeys(k for k in _changed(run.data.tags) if not k.startswith(UNNAMED)))
@@ -200,6 +204,9 @@ def save_view(
         "columnWidths": {RUN_NAME: NAME_COLUMN_PX, **{f"metrics.`{m}`": 180 for m in extra}},
     }
     client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+    if extra:  # a sweep: the same view with its trials grouped by configuration (mean ± range)
+        grouped = {**state, "groupBy": {"aggregateFunction": "average", "groupByKeys": [CONFIG_GROUP]}}
+        client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{GROUPED_VIEW_KEY}", json.dumps(grouped))
 
 
 def _changed(tags: dict[str, str]) -> list[str]:
