@@ -51,10 +51,10 @@ CONFIG_GROUP = {"mode": "tag", "groupByData": "sweep.config"}
 def format_value(value: Any) -> str:
     """A knob's value, short: ``0.0001`` → ``1e-4``, ``3e-05`` → ``3e-5``, ``True`` → ``true``.
 
-    >>> [format_value(v) for v in (0.0001, "3e-05", 0.5, 64, "m2po", True, 2.5e-4)]
-    ['1e-4', '3e-5', '0.5', '64', 'm2po', 'true', '2.5e-4']
+    >>> [format_value(v) for v in (0.0001, "3e-05", 0.5, 64, "m2po", True, "False", 2.5e-4)]
+    ['1e-4', '3e-5', '0.5', '64', 'm2po', 'true', 'false', '2.5e-4']
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or value in ("True", "False"):  # a bool, or one flattened
         return str(value).lower()
     try:
         number = float(value)
@@ -72,9 +72,9 @@ def run_name_for(name: str, changes: dict[str, Any], seed: int | None = None, li
     """A run name that leads with what differs from the base spec and fits the runs table.
 
     The changed knobs come first (an algorithm or a kind by its value alone), then the
-    seed; how long, how big and how often (steps, batch, eval cadence) come last and only while the name
-    stays within ``limit`` characters (all of them with ``limit=None``: a sweep's trials
-    name every swept value). With no knob changed, the base name leads.
+    seed; how long, how big and how often (steps, batch, eval cadence) come last and only
+    while the name stays within ``limit`` characters (all of them with ``limit=None``: a
+    sweep's trials name every swept value). With no knob changed, the base name leads.
 
     >>> run_name_for("quickstart", {"trainer.steps": 40, "trainer.lr": 1e-4, "orchestrator.lag": 4})
     'lr=1e-4·lag=4·steps=40'

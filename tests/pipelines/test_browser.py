@@ -175,7 +175,8 @@ def check_eval_table_and_compare(page, names: list[str]) -> None:  # type: ignor
         page.get_by_text(name, exact=True).first.wait_for()
     # The parallel-coordinates plot's default axes: the changed knob against the accuracy
     # (it took the first metric logged, once the constant task/eval_problems).
-    selectors = page.locator(".ant-select-selection-overflow, [class*='select']").all_inner_texts()
+    found = page.locator(".ant-select-selection-overflow, [class*='select']").all_inner_texts()
+    selectors = [text for text in found if text]  # an SVG element has no inner text
     assert any("eval/accuracy" in text for text in selectors), selectors
     assert not any("task/eval_problems" in text for text in selectors), selectors
     page.locator(".js-plotly-plot").first.wait_for()  # the plot drawn, not its placeholder
