@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from pipelines.bench.cases import CASES, TARGETS, Figure
+from pipelines.tracking.names import git_commit
 
 __all__ = ["CASES", "SUITES", "TARGETS", "Figure", "environment", "run_suite"]
 
@@ -98,12 +98,7 @@ def _cpu_model() -> str | None:
 
 def environment() -> dict[str, Any]:
     """What the figures were measured on."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=REPO, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    commit = git_commit(REPO)
     import transformers
 
     return {

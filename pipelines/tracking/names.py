@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "VIEW_KEY",
     "choose_color",
     "config_key",
+    "experiment_runs",
     "experiment_url",
     "format_value",
     "git_commit",
@@ -125,11 +127,15 @@ def config_key(values: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def choose_color(client: Any, experiment_id: str, key: str) -> str:
-    """The colour of configuration ``key`` in its experiment: that of an earlier run of the
-    same configuration, else the first colour of :data:`PALETTE` no other configuration
-    there has (round the palette again once all are taken)."""
-    runs = client.search_runs([experiment_id], max_results=1000)
+def experiment_runs(client: Any, experiment_id: str) -> list[Any]:
+    """The experiment's runs, newest first (what colours and views are chosen from)."""
+    return client.search_runs([experiment_id], max_results=1000)
+
+
+def choose_color(runs: list[Any], key: str) -> str:
+    """The colour of configuration ``key`` among its experiment's ``runs``: that of an
+    earlier run of the same configuration, else the first colour of :data:`PALETTE` no
+    other configuration there has (round the palette again once all are taken)."""
     taken: list[str] = []
     for run in runs:
         color = run.data.tags.get(COLOR_TAG)
@@ -152,24 +158,26 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING}"
 
 
-def git_commit() -> str | None:
-    """The checkout's commit (MLflow's Source column links it), or None outside git."""
+def git_commit(folder: str | Path | None = None) -> str | None:
+    """The commit of the checkout at ``folder`` (default: the working directory), or None
+    outside git; MLflow's Source column links it."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        command = ["git", "rev-parse", "HEAD"]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=5, check=True, cwd=folder)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
 
 
-def run_tags(client: Any, experiment_id: str, values: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
-    """The tags that place a new run among its experiment's: its configuration and colour,
-    the knobs it changed (from its ``tags``: as the CLI names them, or a sweep trial's
-    swept values), and its source (the command and the git commit)."""
+def run_tags(runs: list[Any], values: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
+    """The tags that place a new run among its experiment's ``runs``: its configuration
+    and colour, the knobs it changed (from its ``tags``: as the CLI names them, or a sweep
+    trial's swept values), and its source (the command and the git commit)."""
     key = config_key(values)
     changed = _changed(tags)
     tags = {
         CONFIG_TAG: key,
-        COLOR_TAG: choose_color(client, experiment_id, key),
+        COLOR_TAG: choose_color(runs, key),
         CHANGED_TAG: json.dumps(changed),
         "mlflow.source.type": "LOCAL",
         "mlflow.source.name": "asyncrlhf",
@@ -181,16 +189,21 @@ def run_tags(client: Any, experiment_id: str, values: dict[str, str], tags: dict
 
 
 def save_view(
-    client: Any, experiment_id: str, objective: str = "eval/accuracy", maximize: bool = True, extra: Sequence[str] = ()
+    client: Any,
+    experiment_id: str,
+    objective: str = "eval/accuracy",
+    maximize: bool = True,
+    extra: Sequence[str] = (),
+    runs: list[Any] | None = None,
 ) -> None:
     """Save the experiment's default view (opened by :func:`experiment_url` with
     :data:`VIEW_KEY`): the objective, ``eval/accuracy`` and ``reward/mean``, and every knob
     one of its runs changed (those of :data:`CADENCE` last, ``runtime.*`` left out), as
     columns, then the metrics ``extra`` (a sweep's per-configuration summary); sorted by the
     objective, best first. With ``extra``, also :data:`GROUPED_VIEW_KEY`: the same, its
-    trials grouped by configuration."""
+    trials grouped by configuration. ``runs``: the experiment's, where the caller has them."""
     changed: dict[str, None] = {}
-    for run in reversed(client.search_runs([experiment_id], max_results=1000)):  # oldest first
+    for run in reversed(experiment_runs(client, experiment_id) if runs is None else runs):  # oldest first
         changed.update(dict.fromkeys(k for k in _changed(run.data.tags) if not k.startswith(UNNAMED)))
     keys = [k for k in changed if not k.startswith(CADENCE)] + [k for k in changed if k.startswith(CADENCE[:-1])]
     metrics = list(dict.fromkeys([objective, "eval/accuracy", "reward/mean", *extra]))

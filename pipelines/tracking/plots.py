@@ -119,12 +119,7 @@ def plot_curves(history: RunHistory, path: Path, title: str = "") -> None:
         ax.axhline(start, color="#f58518", ls=":", lw=1, label=f"accuracy at start ({start:.3f})")
     if accuracy:
         ax.plot([s for s, _ in accuracy], [v for _, v in accuracy], "o-", color="#f58518", label="eval/accuracy")
-    ax.set_xlabel("trainer step")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        _legend_beside(ax)
-    ax.set_title(f"{title or history.mode}: reward and held-out accuracy", loc="left")
-    save(fig, path)
+    _finish_run_plot(fig, ax, path, f"{title or history.mode}: reward and held-out accuracy")
 
 
 def plot_run_staleness(history: RunHistory, path: Path, title: str = "") -> None:
@@ -140,12 +135,17 @@ def plot_run_staleness(history: RunHistory, path: Path, title: str = "") -> None
             continue  # one update per step: the same line as the mean
         if points:
             ax.plot([s for s, _ in points], [v for _, v in points], style, label=key)
-    ax.set_xlabel("trainer step")
     ax.set_ylabel("staleness")
+    _finish_run_plot(fig, ax, path, f"{title or history.mode}: staleness of the trained batches")
+
+
+def _finish_run_plot(fig: Any, ax: Any, path: Path, title: str) -> None:
+    """A per-step plot's common end: step axis, grid, legend beside, title, saved."""
+    ax.set_xlabel("trainer step")
     ax.grid(alpha=0.3)
     if ax.lines:
         _legend_beside(ax)
-    ax.set_title(f"{title or history.mode}: staleness of the trained batches", loc="left")
+    ax.set_title(title, loc="left")
     save(fig, path)
 
 

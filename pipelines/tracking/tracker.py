@@ -27,7 +27,7 @@ from asyncrlhf.orchestration import RunHistory
 from pipelines.spec import ExperimentSpec, TrackingSpec
 from pipelines.spec.files import flatten, inapplicable, spec_hash
 from pipelines.tracking.evaltable import EvalTable
-from pipelines.tracking.names import run_tags, save_view
+from pipelines.tracking.names import experiment_runs, run_tags, save_view
 from pipelines.tracking.store import (
     ARTIFACTS_TAG,
     DEFAULT_TRACKING_URI,
@@ -181,7 +181,8 @@ class Tracker:
             **owner_tags(),
             **self.config.tags,
         }
-        tags.update(run_tags(self.client, experiment_id, knobs(spec), tags))
+        others = experiment_runs(self.client, experiment_id)  # once: for its colour and for the view
+        tags.update(run_tags(others, knobs(spec), tags))
         if parent_run_id is not None:
             tags["mlflow.parentRunId"] = parent_run_id
         tags["spec.name"] = spec.name  # bookkeeping as tags: the params are the experiment's knobs
@@ -191,7 +192,7 @@ class Tracker:
         self.run_id = run.info.run_id
         self.title = plot_title(run.info.run_name, knobs(spec))
         if parent_run_id is None:  # a sweep saves its experiment's view, by its objective
-            save_view(self.client, experiment_id)
+            save_view(self.client, experiment_id, runs=[run, *others])
         self.heartbeat.beat(self.run_id)
         self._monitor_system(resumed=False)
         with self.failing():

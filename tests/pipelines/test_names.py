@@ -16,6 +16,7 @@ from pipelines.tracking.names import (
     PALETTE,
     VIEW_KEY,
     config_key,
+    experiment_runs,
     experiment_url,
     run_name_for,
     run_tags,
@@ -56,13 +57,13 @@ def test_one_colour_per_configuration_distinct_across_configurations(store):
     }
     colours = {}
     for lr, spec in specs.items():
-        tags = run_tags(client, experiment, knobs(spec), {})
+        tags = run_tags(experiment_runs(client, experiment), knobs(spec), {})
         client.create_run(experiment, tags=tags, run_name=f"lr={lr}")
         colours[lr] = tags[COLOR_TAG]
     assert list(colours.values()) == list(PALETTE[:3])  # in order, none shared
     again = load_spec(QUICKSTART, ["trainer.lr=3e-4", "seed=7"])  # another seed of one configuration
     assert config_key(knobs(again)) == config_key(knobs(specs["3e-4"]))
-    assert run_tags(client, experiment, knobs(again), {})[COLOR_TAG] == colours["3e-4"]
+    assert run_tags(experiment_runs(client, experiment), knobs(again), {})[COLOR_TAG] == colours["3e-4"]
     assert client.search_runs([experiment])[0].data.tags[CONFIG_TAG] == config_key(knobs(specs["1e-3"]))
 
 
