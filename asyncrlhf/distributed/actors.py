@@ -114,6 +114,9 @@ class TrainerActor:
     """
 
     def __init__(self, trainer_factory: Callable[[], Any], config: RunConfig, torch_threads: int | None = None) -> None:
+        self._build(trainer_factory, config, torch_threads)
+
+    def _build(self, trainer_factory: Callable[[], Any], config: RunConfig, torch_threads: int | None) -> None:
         _set_threads(torch_threads)
         self.trainer = trainer_factory()
         self.prompts_per_step = config.schedule.prompts_per_step

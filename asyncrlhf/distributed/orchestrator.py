@@ -37,7 +37,8 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
-from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
+from asyncrlhf.distributed.actors import RolloutActor
+from asyncrlhf.distributed.group import TrainerGroup
 from asyncrlhf.distributed.resources import RayLayout, check_capacity
 from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import AfterStep, RunConfig, RuntimeBase
@@ -122,11 +123,11 @@ class RayOrchestrator(RuntimeBase):
         super().__init__(config)
         self.num_workers = check_positive_int("workers", layout.workers)
         self.max_restarts = check_nonnegative_int("max_restarts", layout.max_restarts)
-        check_capacity(layout.workers, layout.rollout, layout.trainer)
+        check_positive_int("ranks", layout.ranks)
+        check_capacity(layout.workers, layout.rollout, layout.trainer, layout.ranks)
         self.seed = layout.seed
-        trainer_cls = ray.remote(max_restarts=0)(TrainerActor)
-        self.trainer = trainer_cls.options(num_cpus=layout.trainer.num_cpus, num_gpus=layout.trainer.num_gpus).remote(
-            trainer_factory, config.for_trainer(), layout.trainer.threads()
+        self.trainer = TrainerGroup(
+            trainer_factory, config.for_trainer(), layout.trainer, layout.ranks, layout.placement, self.timeout_s
         )
         rollout_cls = ray.remote(max_restarts=layout.max_restarts, max_task_retries=0)(RolloutActor)
         resources = layout.rollout
@@ -164,7 +165,13 @@ class RayOrchestrator(RuntimeBase):
         return [w.name for w in self.workers]
 
     def _summary(self) -> dict[str, float]:
-        return {"faults/rollout_restarts": float(self.restarts), "time/startup_s": self._startup}
+        nodes = len({rank["node"] for rank in self.trainer.placement}) if self.trainer.placement else 1
+        return {
+            "faults/rollout_restarts": float(self.restarts),
+            "time/startup_s": self._startup,
+            "trainer/ranks": float(len(self.trainer.ranks)),
+            "trainer/nodes": float(nodes),
+        }
 
     def _loop(self, first: int, num_steps: int, after_step: AfterStep | None) -> None:
         run = _RunState(num_steps, _split(self.schedule.prompts_per_step, self.num_workers), deque(self.workers))
@@ -267,14 +274,16 @@ class RayOrchestrator(RuntimeBase):
 
     def _own_state(self) -> dict[str, Any]:
         ring = [(version, self._get(ref[0]), checksum) for version, ref, checksum in self.published.state_dict()]
-        return {"trainer": self._get(self.trainer.state.remote()), "weights": ring, "restarts": self.restarts}
+        trainer, attachments = self.trainer.state(self._get)
+        state = {"trainer": trainer, "weights": ring, "restarts": self.restarts}
+        return {**state, "attachments": attachments} if attachments else state
 
     def _drawn_at_checkpoint(self) -> int:
         return self.recorder.steps_done * self.schedule.prompts_per_step
 
     def _load_own_state(self, state: dict[str, Any]) -> None:
         """The trainer actor's state and the published ring (put into the object store again)."""
-        self._get(self.trainer.restore.remote(state["trainer"]))
+        self.trainer.restore(self._get, state["trainer"], state.get("attachments", {}))
         for version, weights, checksum in state["weights"]:
             self._add_published((int(version), checksum, [ray.put(weights)]))
         self.restarts = int(state["restarts"])
@@ -287,7 +296,8 @@ class RayOrchestrator(RuntimeBase):
         """Kill the actors (their resources return to the cluster), then close the reward."""
         if not self._closed:
             self._closed = True
-            for handle in [self.trainer, *self.rollout_actors]:
+            self.trainer.kill()
+            for handle in self.rollout_actors:
                 ray.kill(handle, no_restart=True)
         super().close()
 

@@ -29,6 +29,10 @@ class RayLayout:
         workers: number of rollout actors.
         rollout, trainer: what each rollout actor and the trainer actor reserve.
         max_restarts: how often each rollout actor may be restarted.
+        ranks: trainer ranks (> 1: a group joined by ``torch.distributed``, each rank
+            reserving ``trainer``).
+        placement: the trainer group's placement strategy (``PACK``, ``SPREAD``,
+            ``STRICT_SPREAD``: one rank per node).
         seed: seeds each chunk's sampling, so ``sync`` and ``lagged`` runs are
             reproducible whichever worker draws which chunk (and after a restart).
     """
@@ -38,18 +42,20 @@ class RayLayout:
     trainer: ActorResources = ActorResources()
     max_restarts: int = 3
     seed: int = 0
+    ranks: int = 1
+    placement: str = "PACK"
 
 
-def check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources) -> None:
+def check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources, ranks: int = 1) -> None:
     """Fail now, not hang later, when the cluster cannot place every actor."""
     total = ray.cluster_resources()
     for resource, per_rollout, per_trainer in [
         ("CPU", rollout.num_cpus, trainer.num_cpus),
         ("GPU", rollout.num_gpus, trainer.num_gpus),
     ]:
-        need, have = workers * per_rollout + per_trainer, total.get(resource, 0.0)
+        need, have = workers * per_rollout + ranks * per_trainer, total.get(resource, 0.0)
         if need > have + 1e-9:
             raise ValueError(
-                f"the run needs {need:g} {resource}s ({workers} rollout workers × {per_rollout:g} + trainer "
-                f"{per_trainer:g}) but the Ray cluster has {have:g}"
+                f"the run needs {need:g} {resource}s ({workers} rollout workers × {per_rollout:g} + {ranks} trainer "
+                f"rank{'s' if ranks > 1 else ''} × {per_trainer:g}) but the Ray cluster has {have:g}"
             )

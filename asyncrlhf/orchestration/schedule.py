@@ -321,8 +321,10 @@ class TrainerSide:
         held_out = self.held_out
         if not held_out.problems:
             return Evaluation(float("nan"), [], [])
+        model = self.trainer.inference_model()  # a sharded trainer's other ranks: None
+        if model is None:
+            return Evaluation(float("nan"), [], [])
         if self.eval_engine is None:
-            model = self.trainer.model
             self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, held_out.max_new_tokens)
         start = clock()
         evaluation = evaluate(

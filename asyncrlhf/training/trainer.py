@@ -20,7 +20,8 @@ import torch
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.losses import aggregation_share, policy_loss
-from asyncrlhf.models import cache_argument, gather_cache_rows, token_logprobs, weights_checksum
+from asyncrlhf.models import weights_checksum
+from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
 __all__ = ["LrDecay", "OptimConfig", "TrainerWorker", "sequence_logprobs"]
@@ -77,69 +78,6 @@ class OptimConfig:
         progress = min(1.0, (update - self.warmup_updates) / (self.total_updates - self.warmup_updates))
         shape = 1.0 - progress if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape)
-
-
-def sequence_logprobs(
-    model: Any, batch: ExperienceBatch, temperature: float = 1.0, share_prompts: bool = True
-) -> torch.Tensor:
-    """Log-probs of the response tokens under ``model`` at ``temperature``: Tensor[B, R].
-
-    Each distinct prompt is read once (a GRPO batch holds each prompt G times): its KV
-    cache, gradient and all, is gathered for its rows, which then read only their
-    responses. The gradient reaching the prompt is the sum over its rows, as in a pass
-    over every row; only float rounding differs. Where the prompts are all distinct, the
-    model's cache cannot be gathered, or ``share_prompts`` is False, one pass reads prompt
-    and response of every row and materialises only the logits that predict response
-    tokens (``logits_to_keep``).
-    """
-    width = batch.response_ids.shape[1]
-    if share_prompts:
-        prompts, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
-        if prompts.shape[0] < len(batch):
-            logits = _shared_prompt_logits(model, batch, inverse, prompts.shape[0])
-            if logits is not None:
-                return token_logprobs(logits, batch.response_ids, temperature)
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=width + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :]  # (B, R, V): the last kept column predicts past the end
-    return token_logprobs(logits, batch.response_ids, temperature)
-
-
-def _shared_prompt_logits(model: Any, batch: ExperienceBatch, inverse: torch.Tensor, n: int) -> torch.Tensor | None:
-    """The (B, R, V) logits predicting each response token, each of the ``n`` distinct
-    prompts read once (``inverse``: row → prompt); None when the cache has no gather."""
-    width, p = batch.response_ids.shape[1], batch.prompt_width
-    rows = torch.arange(len(batch), device=inverse.device)
-    first = torch.full((n,), len(batch), device=inverse.device).scatter_reduce(0, inverse, rows, "amin")
-    arg = cache_argument(model)
-    out = model(
-        input_ids=batch.input_ids[first, :p],
-        attention_mask=batch.attention_mask[first, :p],
-        position_ids=batch.position_ids[first, :p],
-        logits_to_keep=1,
-        use_cache=True,
-    )
-    # (B, V): the prompt's last position predicts response token 0. index_select, not
-    # [inverse]: its backward adds in order (see gather_cache_rows).
-    last = out.logits[:, -1, :].index_select(0, inverse)
-    if width == 1:
-        return last[:, None, :]
-    cache = getattr(out, arg)
-    if not gather_cache_rows(cache, inverse):  # (n, …) → (B, …), differentiable
-        return None
-    out = model(
-        input_ids=batch.response_ids[:, :-1],
-        attention_mask=batch.attention_mask[:, : p + width - 1],
-        position_ids=batch.position_ids[:, p : p + width - 1],
-        use_cache=True,
-        **{arg: cache},
-    )
-    return torch.cat([last[:, None, :], out.logits], dim=1)  # (B, R, V)
 
 
 class TrainerWorker:
@@ -213,10 +151,10 @@ class TrainerWorker:
         ref_logprobs = prox_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logprobs = sequence_logprobs(self.ref_model, batch, self.temperature, self.share_prompts)
+                ref_logprobs = self._logprobs(self.ref_model, batch)
         if self.loss_fn.uses_proximal:  # the policy before this step's updates (decoupled PPO)
             with torch.no_grad():
-                prox_logprobs = sequence_logprobs(self.model, batch, self.temperature, self.share_prompts)
+                prox_logprobs = self._logprobs(self.model, batch)
 
         self.model.train()
         totals: dict[str, float] = {}
@@ -266,17 +204,16 @@ class TrainerWorker:
         signal, share = self._signal_rows(sub)
         if signal is not None:
             sub, ref, prox = _take(sub, ref, prox, signal)
-        logprobs = sequence_logprobs(self.model, sub, self.temperature, self.share_prompts)  # (b, R)
+        logprobs = self._logprobs(self.model, sub)  # (b, R)
         loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
         loss = loss * share
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
             return None
-        loss.backward()
-        # With an infinite max norm clip_grad_norm_ only measures: one call serves both.
-        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if not torch.isfinite(grad_norm):
+        self._backward(loss)
+        # With an infinite max norm clipping only measures: one call serves both.
+        grad_norm = self._clip_grads(self.grad_clip if self.grad_clip is not None else math.inf)
+        if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return None
         lr = self.optim.lr_at(self._updates_done())
@@ -286,9 +223,25 @@ class TrainerWorker:
         out = {f"policy/{k}": v for k, v in metrics.items() if k != "kl"}
         out["loss/policy"] = float(loss.detach())
         out["loss/kl"] = metrics.get("kl", 0.0)
-        out["train/grad_norm"] = float(grad_norm)
+        out["train/grad_norm"] = grad_norm
         out["train/lr"] = lr
         return out
+
+    # ------------------------------------------- what a sharded trainer changes
+    def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
+        """Log-probs of ``batch``'s response tokens under ``model``: Tensor[B, R]."""
+        return sequence_logprobs(model, batch, self.temperature, self.share_prompts)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _clip_grads(self, max_norm: float) -> float:
+        """Clip the gradient's global norm at ``max_norm``; the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+    def inference_model(self) -> Any:
+        """The live policy as one whole model, to generate with (the held-out evaluation)."""
+        return self.model
 
     def _signal_rows(self, batch: ExperienceBatch) -> tuple[torch.Tensor | None, float]:
         """The rows with a non-zero advantage and their share of the loss (see
@@ -341,6 +294,10 @@ class TrainerWorker:
         """Restore :meth:`state`; the shared version source follows."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._restore_progress(state)
+
+    def _restore_progress(self, state: dict[str, Any]) -> None:
+        """Version, counters and every RNG state of :meth:`state`."""
         self.version = int(state["version"])
         self.skipped_steps = int(state["skipped_steps"])
         rng = state["rng"]

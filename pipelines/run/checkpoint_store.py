@@ -1,8 +1,9 @@
 """A run's checkpoints on disk: atomic, checksummed, the last few kept.
 
 ``<store>/checkpoints/<run_id>/step-000100/`` holds ``state.pt`` (the orchestrator's
-checkpoint, read back with ``torch.load(weights_only=True)``) and ``manifest.json`` (step,
-spec hash, SHA-256 of the state file). A checkpoint is written into a temporary folder
+checkpoint, read back with ``torch.load(weights_only=True)``), the folders the runtime
+attached to it (a trainer group's sharded model and optimiser, ``trainer/``) and
+``manifest.json`` (step, spec hash, SHA-256 of every file). A checkpoint is written into a temporary folder
 and renamed into place, so a crash never leaves a half-written one under its final
 name; loading verifies the checksum and falls back to the previous checkpoint, with a
 warning, when the newest is truncated or corrupted.
@@ -74,12 +75,13 @@ class Checkpoints:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
+            state, hashes = _attach(dict(state), tmp)
             with open(tmp / "state.pt", "wb") as handle:  # ours: torch's own file hides the OS error
                 torch.save(state, handle)
             manifest = {
                 "step": step,
                 "spec_hash": spec_hash,
-                "sha256": {"state.pt": _sha256(tmp / "state.pt")},
+                "sha256": {"state.pt": _sha256(tmp / "state.pt"), **hashes},
                 "created": time.time(),
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -137,15 +139,35 @@ class Checkpoints:
             folder = self.folder / f"step-{step:06d}"
             try:
                 manifest = json.loads((folder / "manifest.json").read_text())
-                if _sha256(folder / "state.pt") != manifest["sha256"]["state.pt"]:
-                    raise ValueError("state.pt does not match its SHA-256")
+                for name, digest in manifest["sha256"].items():
+                    if _sha256(folder / name) != digest:
+                        raise ValueError(f"{name} does not match its SHA-256")
                 state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+                if "attachments" in state:
+                    state["attachments"] = {name: str(folder / name) for name in state["attachments"]}
             except Exception as err:  # truncated, corrupted, half-deleted: try the previous one
                 problems.append(f"step {step}: {type(err).__name__}: {err}")
                 warnings.warn(f"checkpoint {folder} is unusable ({err}); trying the previous one", stacklevel=2)
                 continue
             return state, manifest
         raise CheckpointError(f"no usable checkpoint in {self.folder}: " + "; ".join(problems))
+
+
+def _attach(state: dict[str, Any], folder: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Move the folders a runtime wrote for this checkpoint (``state["attachments"]``:
+    name → path, a sharded trainer's shards) into ``folder``; the state names them
+    relative to it, and the SHA-256 of every file they hold goes into the manifest."""
+    hashes: dict[str, str] = {}
+    attachments = state.get("attachments")
+    if not attachments:
+        return state, hashes
+    for name, source in attachments.items():
+        shutil.move(source, folder / name)
+        for path in sorted((folder / name).rglob("*")):
+            if path.is_file():
+                hashes[str(path.relative_to(folder))] = _sha256(path)
+    state["attachments"] = {name: name for name in attachments}
+    return state, hashes
 
 
 def _write_error(err: Exception, folder: Path, step: int) -> Exception:

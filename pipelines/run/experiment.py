@@ -93,12 +93,18 @@ def tiny_configs(spec: ExperimentSpec) -> tuple[TinyModelConfig, WarmStartConfig
 
 
 def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
+    """The trainer; one rank of a trainer group (a ``ShardedTrainer``) when the spec asks for ranks."""
     algo = spec.algorithm
+    cls, extra = TrainerWorker, {}
+    if spec.runtime.kind == "ray" and spec.runtime.trainer.ranks > 1:
+        from asyncrlhf.training.sharded import ShardedTrainer
+
+        cls, extra = ShardedTrainer, {"parallel": spec.runtime.trainer.parallel}
     ref_model = copy.deepcopy(model) if algo.uses_reference else None
     options = algo.loss_options()
     if options.get("loss_agg") == "seq-mean-token-sum-norm":
         options["norm_length"] = spec.rollout.max_new_tokens  # Dr. GRPO's constant: the generation budget
-    return TrainerWorker(
+    return cls(
         model,
         tokenizer.pad_token_id,
         algo.name,
@@ -109,6 +115,7 @@ def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
         seed=spec.seed,
         skip_zero_advantage=spec.trainer.skip_zero_advantage,
         share_prompts=spec.trainer.share_prompts,
+        **extra,
     )
 
 
@@ -200,6 +207,8 @@ def _layout(spec: ExperimentSpec) -> Any:
         resources(runtime.trainer),
         runtime.max_restarts,
         seed=spec.seed + 1,
+        ranks=runtime.trainer.ranks,
+        placement=runtime.trainer.placement.upper(),
     )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "RolloutSpec",
     "RuntimeSpec",
     "TrackingSpec",
+    "TrainerGroupSpec",
     "TrainerSpec",
     "WarmStartSpec",
 ]
@@ -257,6 +258,21 @@ class ActorSpec(_Section):
     )
 
 
+class TrainerGroupSpec(ActorSpec):
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="Trainer ranks: > 1 runs the trainer as a group of Ray actors joined by torch.distributed "
+        "(gloo on CPU, NCCL with GPUs), each reserving num_cpus / num_gpus; one update equals the one-process one.",
+    )
+    parallel: Literal["fsdp", "ddp"] = Field(
+        "fsdp", description="ranks > 1: 'fsdp' shards weights and optimiser state (FSDP2); 'ddp' replicates them."
+    )
+    placement: Literal["pack", "spread", "strict_spread"] = Field(
+        "pack", description="ranks > 1: the placement group's strategy ('strict_spread': one rank per node)."
+    )
+
+
 class RuntimeSpec(_Section):
     kind: Literal["local", "ray"] = Field(
         "local", description="'local': threads in this process; 'ray': rollout workers and trainer as Ray actors."
@@ -280,8 +296,10 @@ class RuntimeSpec(_Section):
         description="ray: resources of each rollout actor.",
         json_schema_extra=RAY,
     )
-    trainer: ActorSpec = Field(
-        default_factory=ActorSpec, description="ray: resources of the trainer actor.", json_schema_extra=RAY
+    trainer: TrainerGroupSpec = Field(
+        default_factory=TrainerGroupSpec,
+        description="ray: resources of the trainer actor (of each rank), and its ranks.",
+        json_schema_extra=RAY,
     )
     max_restarts: int = Field(
         3, ge=0, description="ray: restarts allowed per rollout actor before it is dropped.", json_schema_extra=RAY

@@ -1,0 +1,189 @@
+"""The trainer as one rank of a group joined by ``torch.distributed`` (FSDP2 or DDP).
+
+Every rank holds the whole batch (token ids are small) and runs the same program: the
+same mini-batch order, the same rows skipped, the same loss. Only the forward and
+backward passes are split: each rank computes the log-probs of its share of the rows
+(balanced by tokens), and the shares are summed into the batch's [B, R] log-probs on
+every rank, this rank's rows carrying their graph. The loss is then computed over the
+whole batch exactly as in one process, whatever its aggregation (token mean, sequence
+mean, Dr. GRPO's constant) and whatever statistics it takes over the batch (M2PO's
+mask, the trust region's budget, the clip fraction): nothing per objective needs a
+global count of its own. Backward sends each rank's gradient through its own rows; the
+group's gradient reduction sums them, so one update of N ranks is the one-process
+update up to float rounding (``tests/training/test_sharded.py`` checks it for every
+registered objective and aggregation, at 2 and 4 ranks with unequal tokens per rank).
+
+Every rank must take part in every forward and backward (FSDP2 gathers each layer's
+parameters then): a rank whose share of a mini-batch is empty runs one row with a zero
+weight. Weights for rollout engines and the held-out evaluation are gathered whole on
+rank 0 (the other ranks take part and get nothing); checkpoints are sharded, with
+``torch.distributed.checkpoint``, and load onto any number of ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from asyncrlhf.training.logprobs import sequence_logprobs
+from asyncrlhf.training.trainer import TrainerWorker, _select
+from asyncrlhf.types import ExperienceBatch
+
+__all__ = ["Parallel", "ShardedTrainer", "shard_rows"]
+
+Parallel = Literal["fsdp", "ddp"]
+_WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def shard_rows(tokens: list[int], world: int) -> list[list[int]]:
+    """Rows for each of ``world`` ranks, balanced by ``tokens`` per row: the longest row
+    first to the rank with the fewest tokens so far (ties: the lower rank). Every rank
+    computes the same split."""
+    loads, shares = [0] * world, [[] for _ in range(world)]
+    for row in sorted(range(len(tokens)), key=lambda r: (-tokens[r], r)):
+        rank = min(range(world), key=lambda k: (loads[k], k))
+        shares[rank].append(row)
+        loads[rank] += tokens[row]
+    return [sorted(share) for share in shares]
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP2 shards one by one (``model.model.layers`` of a
+    ``transformers`` causal LM); none found: the model is sharded whole."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
+
+
+def wrap(model: torch.nn.Module, parallel: Parallel, trainable: bool = True) -> torch.nn.Module:
+    """``model`` sharded with FSDP2 (per decoder layer, then the root) or replicated with
+    DDP, over the default process group; a frozen model (the reference) is sharded the
+    same way under FSDP2 and left whole under DDP."""
+    if parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = "cuda" if next(model.parameters()).is_cuda else "cpu"
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    if parallel == "ddp":
+        if not trainable:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    raise ValueError(f"parallel must be 'fsdp' or 'ddp', got {parallel!r}")
+
+
+class ShardedTrainer(TrainerWorker):
+    """A :class:`~asyncrlhf.training.TrainerWorker` that is one rank of a trainer group
+    (``torch.distributed`` must be initialised): same arguments, plus ``parallel``
+    (``"fsdp"``: FSDP2 per decoder layer; ``"ddp"``: a full replica per rank).
+
+    Every rank must make the same calls in the same order: :meth:`step`,
+    :meth:`state_dict` and :meth:`inference_model` (which gather the weights),
+    :meth:`save_sharded` and :meth:`load_sharded`.
+    """
+
+    def __init__(self, model: Any, *args: Any, parallel: Parallel = "fsdp", **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedTrainer needs torch.distributed initialised (init_process_group) first")
+        self.rank, self.world, self.parallel = dist.get_rank(), dist.get_world_size(), parallel
+        device = kwargs.get("device")
+        model = model.to(device) if device is not None else model
+        # rank 0 keeps a whole copy to generate with (evaluation) and to load gathered weights into
+        self._whole = copy.deepcopy(model).eval().requires_grad_(False) if self.rank == 0 else None
+        super().__init__(wrap(model, parallel), *args, **kwargs)
+        if self.ref_model is not None:
+            self.ref_model = wrap(self.ref_model, parallel, trainable=False)
+        self._gathered: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    # ------------------------------------------------------ the split batch
+    def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
+        """This rank computes its rows; the sum over ranks fills every row once (adding
+        zeros is exact), and this rank's rows are put back with their graph."""
+        tokens = batch.attention_mask.sum(dim=1).tolist()
+        rows = shard_rows(tokens, self.world)[self.rank]
+        mine = torch.tensor(rows if rows else [0], dtype=torch.long, device=batch.input_ids.device)
+        # One pass over every row: the shared-prompt path makes one forward or two depending
+        # on the rows, and every rank must make the same (FSDP2 gathers per forward, DDP
+        # reduces once per forward)
+        local = sequence_logprobs(model, _select(batch, mine), self.temperature, share_prompts=False)
+        full = torch.zeros(len(batch), batch.response_ids.shape[1], dtype=local.dtype, device=local.device)
+        if rows:
+            full[mine] = local.detach()
+        dist.all_reduce(full)
+        if not torch.is_grad_enabled():
+            return full
+        if not rows:  # an empty share still runs backward: a zero-weighted row
+            return full + torch.where(torch.isfinite(local), local, 0.0).sum() * 0.0
+        return full.index_put((mine,), local)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # FSDP2 and DDP average gradients over ranks; each rank's is its rows' part of the sum
+        (loss * self.world).backward()
+
+    def _clip_grads(self, max_norm: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
+        return float(full() if full is not None else norm)
+
+    # ------------------------------------------------------------- weights
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole weights on rank 0 (gathered once per version), ``{}`` elsewhere."""
+        if self._gathered is None or self._gathered[0] != self.version:
+            self._gathered = (self.version, get_model_state_dict(self.model, options=_WHOLE))
+        return self._gathered[1] if self.rank == 0 else {}
+
+    def checksum(self) -> str:
+        from asyncrlhf.models import weights_checksum
+
+        state = self.state_dict()
+        return weights_checksum(state) if self.rank == 0 else ""
+
+    def inference_model(self) -> Any:
+        state = self.state_dict()
+        if self._whole is None:
+            return None
+        self._whole.load_state_dict(state)
+        return self._whole
+
+    # --------------------------------------------------------- checkpoints
+    def state(self) -> dict[str, Any]:
+        """What one process's :meth:`TrainerWorker.state` holds but the model and the
+        optimiser, which :meth:`save_sharded` writes."""
+        out = super().state()
+        del out["model"], out["optimizer"]
+        out["world"] = self.world
+        return out
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state` (after :meth:`load_sharded`)."""
+        self._restore_progress(state)
+        self._gathered = None
+
+    def save_sharded(self, folder: str | Path) -> None:
+        """Each rank writes its shards of the model and the optimiser into ``folder``."""
+        model, optim = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model, "optimizer": optim}, checkpoint_id=str(folder))
+
+    def load_sharded(self, folder: str | Path) -> None:
+        """Read what :meth:`save_sharded` wrote, by any number of ranks."""
+        model, optim = get_state_dict(self.model, self.optimizer)
+        state = {"model": model, "optimizer": optim}
+        dcp.load(state, checkpoint_id=str(folder))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self._gathered = None
