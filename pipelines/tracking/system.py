@@ -24,6 +24,7 @@ class SystemMetrics:
         self._timer = threading.Timer(FAST_FOR_S, self._slow_down)
         self._timer.daemon = True
         self.interval_s: int | None = None  # the sampling interval now (None: not sampling)
+        self._first_step = 0  # the monitor's logging step when it began
 
     def start(self) -> bool:
         """Begin sampling; False, with a warning, where MLflow's monitor cannot start."""
@@ -57,9 +58,18 @@ class SystemMetrics:
             warnings.warn(f"system metrics are not logged: {type(err).__name__}: {err}", stacklevel=3)
             return False
         self._monitor, self.interval_s = monitor, interval_s
+        self._first_step = monitor._logging_step
         return True
 
     def _stop(self) -> None:
-        if self._monitor is not None:
-            self._monitor.finish()
+        monitor = self._monitor
+        if monitor is not None:
+            monitor.finish()
+            if monitor._logging_step == self._first_step:  # ended within its first interval: one sample still
+                try:
+                    monitor.collect_metrics()
+                    monitor.publish_metrics(monitor.aggregate_metrics())
+                    monitor.mlflow_logger.flush()
+                except Exception as err:  # the run's store gone: nothing to log into
+                    warnings.warn(f"system metrics: the last sample is not logged: {err}", stacklevel=2)
         self._monitor, self.interval_s = None, None
