@@ -120,27 +120,35 @@ def test_a_restored_ray_run_repeats_the_uninterrupted_one():
         reference, final = orch.run(6), orch.trainer_checksums[6]
     finally:
         orch.close()
-    first, box = build(*overrides), {}
-
-    def after_step(done: int) -> None:
-        if done == 3:  # checkpoint (it may follow step 4, already queued on the trainer), then "die"
-            first.checkpoint(lambda state: box.update(state=_roundtrip(state)))
-            raise KeyboardInterrupt
-
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            first.run(6, after_step)
-    finally:
-        first.close()
-    assert box["state"]["steps_done"] in (3, 4)
+    state = checkpoint_then_die(build(*overrides), at=3, steps=6)
+    assert state["steps_done"] in (3, 4)
     second = build(*overrides)
     try:
-        second.restore(box["state"])
+        second.restore(state)
         history = second.run(6)
         assert curves(history) == curves(reference) and history.staleness == reference.staleness
         assert second.trainer_checksums[6] == final
     finally:
         second.close()
+
+
+def checkpoint_then_die(runtime, at: int, steps: int):  # type: ignore[no-untyped-def]
+    """Run ``runtime`` towards ``steps``; after step ``at`` checkpoint it (the state may
+    follow step ``at`` + 1, already queued on the trainer), then "die"; the state as a
+    checkpoint file would give it back."""
+    box = {}
+
+    def after_step(done: int) -> None:
+        if done == at:
+            runtime.checkpoint(lambda state: box.update(state=_roundtrip(state)))
+            raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runtime.run(steps, after_step)
+    finally:
+        runtime.close()
+    return box["state"]
 
 
 def _roundtrip(state):  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import pytest
 
 from pipelines.run import build_runtime
 from pipelines.spec import load_spec
-from tests.distributed.test_ray_runtime import _roundtrip
+from tests.distributed.test_ray_runtime import checkpoint_then_die
 from tests.pipelines.conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -49,22 +49,11 @@ def test_two_ranks_give_the_one_process_run():
 
 def test_a_sharded_checkpoint_resumes_the_group_run_exactly():
     reference, final = run(2, 6)
-    first, box = build(2), {}
-
-    def after_step(done: int) -> None:
-        if done == 3:
-            first.checkpoint(lambda state: box.update(state=_roundtrip(state)))
-            raise KeyboardInterrupt
-
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            first.run(6, after_step)
-    finally:
-        first.close()
-    assert set(box["state"]["attachments"]) == {"trainer"}
+    state = checkpoint_then_die(build(2), at=3, steps=6)
+    assert set(state["attachments"]) == {"trainer"}
     second = build(2)
     try:
-        second.restore(box["state"])
+        second.restore(state)
         history = second.run(6)
         assert [s["loss/policy"] for s in history.steps] == [s["loss/policy"] for s in reference.steps]
         assert second.trainer_checksums[6] == final
