@@ -160,6 +160,24 @@ class TrainerGroup:
         done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
         ray.get(done)
 
+    def failure(self, error: Exception) -> Exception:
+        """What to raise for a trainer call that failed: a dead rank named where one is
+        (its peers only see a closed connection), else ``error`` itself."""
+        dead = []
+        for i, rank in enumerate(self.ranks):
+            try:
+                ray.get(rank.__ray_ready__.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                dead.append(i)
+            except ray.exceptions.GetTimeoutError:
+                pass  # alive, busy: not the cause
+        if not dead:
+            return error
+        return RuntimeError(
+            f"trainer rank {', '.join(map(str, dead))} of {len(self.ranks)} died; a group cannot go on without "
+            "a rank: the run stops here and resumes from its last checkpoint (asyncrlhf resume RUN_ID)"
+        )
+
     def state(self, get: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """The trainer's checkpoint state and the folders attached to it (the shards)."""
         if not self.sharded:

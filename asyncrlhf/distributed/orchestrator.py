@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import ActorDiedError, RayActorError, RayError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor
@@ -229,7 +229,7 @@ class RayOrchestrator(RuntimeBase):
 
     def _trained(self, run: _RunState) -> None:
         """A trainer step finished: record it, take its published weights, report."""
-        out = ray.get(run.training.popleft())
+        out = self._get(run.training.popleft())
         for event in out["events"]:
             self.recorder.event(*event)
         if out["published"] is not None:
@@ -304,7 +304,10 @@ class RayOrchestrator(RuntimeBase):
     # ------------------------------------------------------------ helpers
 
     def _get(self, ref: Any) -> Any:
-        return ray.get(ref, timeout=self.timeout_s)
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except RayError as error:
+            raise self.trainer.failure(error) from error
 
     def _add_published(self, published: tuple[int, str, list[Any]]) -> None:
         version, checksum, ref = published

@@ -140,7 +140,7 @@ def checkpoint_then_die(runtime, at: int, steps: int):  # type: ignore[no-untype
 
     def after_step(done: int) -> None:
         if done == at:
-            runtime.checkpoint(lambda state: box.update(state=_roundtrip(state)))
+            runtime.checkpoint(lambda state: box.update(state=roundtrip(state)))
             raise KeyboardInterrupt
 
     try:
@@ -151,7 +151,7 @@ def checkpoint_then_die(runtime, at: int, steps: int):  # type: ignore[no-untype
     return box["state"]
 
 
-def _roundtrip(state):  # type: ignore[no-untyped-def]
+def roundtrip(state):  # type: ignore[no-untyped-def]
     """As a checkpoint file would give it back."""
     import io
 

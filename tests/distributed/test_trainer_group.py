@@ -1,13 +1,17 @@
 """A trainer group of 2 ranks on the real local Ray cluster (gloo, FSDP2): the same run as
-one trainer process, within float rounding, and a sharded checkpoint that resumes it."""
+one trainer process, within float rounding; a sharded checkpoint that resumes it; a rank
+killed mid-run stops the run at once, naming the rank, and the run resumes exactly."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import ray
 
 from pipelines.run import build_runtime
 from pipelines.spec import load_spec
-from tests.distributed.test_ray_runtime import checkpoint_then_die
+from tests.distributed.test_ray_runtime import checkpoint_then_die, roundtrip
 from tests.pipelines.conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -47,15 +51,39 @@ def test_two_ranks_give_the_one_process_run():
     assert [s.get("eval/accuracy") for s in two.steps] == [s.get("eval/accuracy") for s in one.steps]
 
 
+def resumes_exactly(state, steps: int, reference, final: str) -> None:  # type: ignore[no-untyped-def]
+    second = build(2)
+    try:
+        second.restore(state)
+        history = second.run(steps)
+        assert [s["loss/policy"] for s in history.steps] == [s["loss/policy"] for s in reference.steps]
+        assert second.trainer_checksums[steps] == final
+    finally:
+        second.close()
+
+
 def test_a_sharded_checkpoint_resumes_the_group_run_exactly():
     reference, final = run(2, 6)
     state = checkpoint_then_die(build(2), at=3, steps=6)
     assert set(state["attachments"]) == {"trainer"}
-    second = build(2)
+    resumes_exactly(state, 6, reference, final)
+
+
+def test_a_killed_rank_fails_the_run_loudly_and_it_resumes_from_its_last_checkpoint():
+    reference, final = run(2, 10)
+    runtime, box = build(2), {}
+
+    def after_step(done: int) -> None:
+        if done == 3:
+            runtime.checkpoint(lambda state: box.update(state=roundtrip(state)))
+        if done > 3 and not box.get("killed"):  # the checkpoint's step 4 finishes inside it
+            box["killed"] = time.monotonic()
+            ray.kill(runtime.trainer.ranks[1], no_restart=True)
+
     try:
-        second.restore(state)
-        history = second.run(6)
-        assert [s["loss/policy"] for s in history.steps] == [s["loss/policy"] for s in reference.steps]
-        assert second.trainer_checksums[6] == final
+        with pytest.raises(RuntimeError, match=r"trainer rank 1 of 2 died.*resumes from its last checkpoint"):
+            runtime.run(10, after_step)
+        assert time.monotonic() - box["killed"] < 30  # loudly, at once: not after a collective's timeout
     finally:
-        second.close()
+        runtime.close()
+    resumes_exactly(box["state"], 10, reference, final)
