@@ -124,7 +124,7 @@ class RayOrchestrator(RuntimeBase):
         self.num_workers = check_positive_int("workers", layout.workers)
         self.max_restarts = check_nonnegative_int("max_restarts", layout.max_restarts)
         check_positive_int("ranks", layout.ranks)
-        check_capacity(layout.workers, layout.rollout, layout.trainer, layout.ranks)
+        check_capacity(layout.workers, layout.rollout, layout.trainer, layout.ranks, layout.placement)
         self.seed = layout.seed
         self.trainer = TrainerGroup(
             trainer_factory, config.for_trainer(), layout.trainer, layout.ranks, layout.placement, self.timeout_s

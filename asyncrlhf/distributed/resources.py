@@ -46,8 +46,24 @@ class RayLayout:
     placement: str = "PACK"
 
 
-def check_capacity(workers: int, rollout: ActorResources, trainer: ActorResources, ranks: int = 1) -> None:
-    """Fail now, not hang later, when the cluster cannot place every actor."""
+def check_capacity(
+    workers: int, rollout: ActorResources, trainer: ActorResources, ranks: int = 1, placement: str = "PACK"
+) -> None:
+    """Fail now, not hang later, when the cluster cannot place every actor (and, for a
+    ``STRICT_SPREAD`` group, when fewer nodes than ranks could hold a rank each)."""
+    _check_totals(workers, rollout, trainer, ranks)
+    if ranks > 1 and placement == "STRICT_SPREAD":
+        need = {"CPU": trainer.num_cpus, "GPU": trainer.num_gpus}
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        fit = sum(all(n["Resources"].get(k, 0.0) + 1e-9 >= v for k, v in need.items() if v) for n in nodes)
+        if fit < ranks:
+            raise ValueError(
+                f"placement STRICT_SPREAD puts each of {ranks} trainer ranks on its own node, but {fit} of the "
+                f"cluster's {len(nodes)} nodes can hold one ({trainer.num_cpus:g} CPUs, {trainer.num_gpus:g} GPUs)"
+            )
+
+
+def _check_totals(workers: int, rollout: ActorResources, trainer: ActorResources, ranks: int) -> None:
     total = ray.cluster_resources()
     for resource, per_rollout, per_trainer in [
         ("CPU", rollout.num_cpus, trainer.num_cpus),

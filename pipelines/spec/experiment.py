@@ -130,17 +130,7 @@ class ExperimentSpec(_Section):
                 f"orchestrator.publish_every={orch.publish_every} > buffer.max_staleness + 1 = {longest}: "
                 "the rollout worker could never get fresh enough weights"
             )
-        runtime, workers = self.runtime, self.rollout.workers
-        if runtime.kind == "local" and workers > 1:
-            raise ValueError(f"rollout.workers={workers} needs runtime.kind 'ray' (the local runtime runs one)")
-        if runtime.kind == "ray" and runtime.address is None:
-            need = workers * runtime.rollout.num_cpus + runtime.trainer.num_cpus
-            if need > runtime.num_cpus:
-                raise ValueError(
-                    f"rollout.workers={workers} × runtime.rollout.num_cpus={runtime.rollout.num_cpus:g} + "
-                    f"runtime.trainer.num_cpus={runtime.trainer.num_cpus:g} = {need:g} exceeds the local cluster's "
-                    f"runtime.num_cpus={runtime.num_cpus}"
-                )
+        _check_runtime(self.runtime, self.rollout.workers)
         if self.rollout.engine == "vllm" and self.model.kind != "pretrained":
             raise ValueError("rollout.engine 'vllm' needs model.kind 'pretrained' (a directory vLLM can load)")
         return self
@@ -179,3 +169,28 @@ def spec_from_dict(data: dict[str, Any], source: str = "spec") -> ExperimentSpec
         return ExperimentSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(f"{source}: {format_validation_error(err, data)}") from None
+
+
+def _check_runtime(runtime: Any, workers: int) -> None:
+    """What the runtime can run: more than one worker or rank needs Ray; a local cluster
+    (one node, runtime.num_cpus) must hold every actor."""
+    ranks = runtime.trainer.ranks
+    if runtime.kind == "local" and workers > 1:
+        raise ValueError(f"rollout.workers={workers} needs runtime.kind 'ray' (the local runtime runs one)")
+    if runtime.kind == "local" and ranks > 1:
+        raise ValueError(f"runtime.trainer.ranks={ranks} needs runtime.kind 'ray' (the local runtime trains in one)")
+    if runtime.kind != "ray" or runtime.address is not None:
+        return  # a cluster joined by address is checked once joined
+    need = workers * runtime.rollout.num_cpus + ranks * runtime.trainer.num_cpus
+    if need > runtime.num_cpus:
+        per_trainer = f"runtime.trainer.num_cpus={runtime.trainer.num_cpus:g}"
+        trainer = per_trainer if ranks == 1 else f"runtime.trainer.ranks={ranks} × {per_trainer}"
+        raise ValueError(
+            f"rollout.workers={workers} × runtime.rollout.num_cpus={runtime.rollout.num_cpus:g} + "
+            f"{trainer} = {need:g} exceeds the local cluster's runtime.num_cpus={runtime.num_cpus}"
+        )
+    if ranks > 1 and runtime.trainer.placement == "strict_spread":
+        raise ValueError(
+            f"runtime.trainer.placement 'strict_spread' puts each of runtime.trainer.ranks={ranks} on its own node, "
+            "but a local cluster is one node: join a cluster (runtime.address) or use 'pack'"
+        )

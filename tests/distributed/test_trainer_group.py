@@ -87,3 +87,15 @@ def test_a_killed_rank_fails_the_run_loudly_and_it_resumes_from_its_last_checkpo
     finally:
         runtime.close()
     resumes_exactly(box["state"], 10, reference, final)
+
+
+def test_a_group_the_cluster_cannot_place_is_refused_up_front():
+    from asyncrlhf.distributed import ActorResources
+    from asyncrlhf.distributed.resources import check_capacity
+
+    half = ActorResources(num_cpus=0.5)
+    check_capacity(1, half, half, 3)  # 2 CPUs hold it
+    with pytest.raises(ValueError, match=r"needs 2\.5 CPUs \(1 rollout workers × 0\.5 \+ 4 trainer ranks × 0\.5\)"):
+        check_capacity(1, half, half, 4)
+    with pytest.raises(ValueError, match=r"each of 2 trainer ranks on its own node, but 1 of the cluster's 1 nodes"):
+        check_capacity(1, half, half, 2, "STRICT_SPREAD")
