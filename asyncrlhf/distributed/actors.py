@@ -20,12 +20,14 @@ on one timeline.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from asyncrlhf.distributed.weights import Layout, WeightChannel, layout_of
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import RunConfig
@@ -66,9 +68,19 @@ class RolloutActor:
         # version they claim: the first chunk always loads and verifies.
         self.loaded: int | None = None
         self.checksum: str | None = None
+        self.channel: WeightChannel | None = None
 
     def pid(self) -> int:
         return os.getpid()
+
+    def join_weights(self, host: str, port: int, rank: int, world: int, layout: Layout, options: dict[str, Any]):
+        """Join the weights group (see :mod:`asyncrlhf.distributed.weights`)."""
+        self.channel = WeightChannel(host, port, rank, world, layout, **options)
+
+    def receive_weights(self, version: int) -> float:
+        """Take ``version``'s broadcast (in the actor's ``weights`` thread); its seconds."""
+        assert self.channel is not None
+        return self.channel.receive(version)
 
     def rollout(
         self, key: str, problems: list[Problem], version: int, weights: list[Any], checksum: str, seed: int
@@ -85,7 +97,7 @@ class RolloutActor:
         self.events = []
         if self.loaded != version:
             start = time.time()
-            state = ray.get(weights[0])
+            state = ray.get(weights[0]) if weights else self._received(version)
             self.events.append((self.name, "wait", start, time.time()))
             self.checksum = self.worker.load_snapshot(Snapshot(version, state, checksum))
             self.loaded = version
@@ -100,6 +112,11 @@ class RolloutActor:
             "events": self.events,
         }
         return meta, experiences
+
+    def _received(self, version: int) -> dict[str, Any]:
+        if self.channel is None:  # a restarted process is in no group
+            raise RuntimeError(f"{self.name} holds no weights channel (restarted?): weight_sync 'collective'")
+        return self.channel.wait(version)
 
 
 class TrainerActor:
@@ -122,13 +139,52 @@ class TrainerActor:
         self.prompts_per_step = config.schedule.prompts_per_step
         self.events: list[Event] = []
         self.published: tuple[int, str, list[Any]] | None = None
+        self.channel: WeightChannel | None = None
         self.side = TrainerSide(self.trainer, config, self._put, lambda *event: self.events.append(event))
 
     def _put(self) -> None:
+        self._stage(self.trainer.state_dict())
+
+    def _stage(self, state: dict[str, Any]) -> None:
+        """Publish gathered weights: one object-store copy, or a staged copy for the
+        weights group's broadcast (``[]`` in place of the reference)."""
         import ray
 
-        state = self.trainer.state_dict()
-        self.published = (self.trainer.version, weights_checksum(state), [ray.put(state)])
+        version, checksum = self.trainer.version, weights_checksum(state)
+        if self.channel is None:
+            self.published = (version, checksum, [ray.put(state)])
+            return
+        if layout_of(state) != self.channel.layout:
+            raise RuntimeError("the published weights no longer match the weights group's layout")
+        self.channel.stage(version, state)
+        self.published = (version, checksum, [])
+
+    def weights_endpoint(self) -> tuple[str, int, Layout]:
+        """Where this (rank 0's) node hosts the weights group, and the weights' layout."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port, self.trainer.weights_layout()
+
+    def join_weights(self, host: str, port: int, world: int, layout: Layout, options: dict[str, Any]) -> None:
+        self.channel = WeightChannel(host, port, 0, world, layout, **options)
+
+    def send_weights(self, version: int) -> float:
+        """Broadcast a staged version (in the actor's ``weights`` thread); its seconds."""
+        assert self.channel is not None
+        return self.channel.send(version)
+
+    def restage(self, version: int, state: dict[str, Any]) -> None:
+        """A restored ring's version, staged again to broadcast."""
+        assert self.channel is not None
+        self.channel.stage(version, state)
+
+    def staged_weights(self) -> list[tuple[int, dict[str, Any]]]:
+        """The versions kept for the weights group, oldest first (a checkpoint's ring)."""
+        assert self.channel is not None
+        return list(self.channel.versions.items())
 
     def publish(self) -> tuple[int, str, list[Any]]:
         """Put the current weights in the object store once: ``(version, checksum, [ref])``."""

@@ -30,7 +30,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrlhf.distributed.actors import TrainerActor
 from asyncrlhf.distributed.resources import ActorResources
-from asyncrlhf.models import weights_checksum
 from asyncrlhf.orchestration.runtime import RunConfig
 
 __all__ = ["TrainerGroup", "TrainerRank"]
@@ -68,7 +67,7 @@ class TrainerRank(TrainerActor):
     def _put(self) -> None:
         state = self.trainer.state_dict()  # every rank takes part in the gather; rank 0 gets it
         if self.rank == 0:
-            self.published = (self.trainer.version, weights_checksum(state), [ray.put(state)])
+            self._stage(state)
 
     def publish(self) -> tuple[int, str, list[Any]] | None:
         self.side.publish()
@@ -109,6 +108,8 @@ class TrainerGroup:
         placement: the placement group's strategy (``"PACK"``, ``"SPREAD"``,
             ``"STRICT_SPREAD"``: one rank per node).
         timeout_s: how long placement, the rendezvous and any collective may take.
+        weights_thread: give rank 0 a ``weights`` thread (a Ray concurrency group) that
+            broadcasts published weights while training goes on.
     """
 
     def __init__(
@@ -119,17 +120,19 @@ class TrainerGroup:
         ranks: int = 1,
         placement: str = "PACK",
         timeout_s: float = 600.0,
+        weights_thread: bool = False,
     ) -> None:
         self.pending: list[Any] = []
         self.placement_group = None
         options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
+        groups = {"concurrency_groups": {"weights": 1}} if weights_thread else {}
         if ranks == 1:
-            actor = ray.remote(max_restarts=0)(TrainerActor).options(**options)
+            actor = ray.remote(max_restarts=0, **groups)(TrainerActor).options(**options)
             self.ranks = [actor.remote(trainer_factory, config, resources.threads())]
             self.placement: list[dict[str, Any]] = []
             return
         self.placement_group = _place(ranks, resources, placement, timeout_s)
-        cls = ray.remote(max_restarts=0)(TrainerRank)
+        cls = ray.remote(max_restarts=0, **groups)(TrainerRank)
         self.ranks = [
             cls.options(
                 **options,

@@ -40,6 +40,7 @@ from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.distributed.actors import RolloutActor
 from asyncrlhf.distributed.group import TrainerGroup
 from asyncrlhf.distributed.resources import RayLayout, check_capacity
+from asyncrlhf.distributed.weights import WeightBroadcasts
 from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import AfterStep, RunConfig, RuntimeBase
 from asyncrlhf.orchestration.weights import WeightStore
@@ -126,10 +127,14 @@ class RayOrchestrator(RuntimeBase):
         check_positive_int("ranks", layout.ranks)
         check_capacity(layout.workers, layout.rollout, layout.trainer, layout.ranks, layout.placement)
         self.seed = layout.seed
-        self.trainer = TrainerGroup(
-            trainer_factory, config.for_trainer(), layout.trainer, layout.ranks, layout.placement, self.timeout_s
-        )
-        rollout_cls = ray.remote(max_restarts=layout.max_restarts, max_task_retries=0)(RolloutActor)
+        if layout.weight_sync not in ("object_store", "collective"):
+            raise ValueError(f"weight_sync must be 'object_store' or 'collective', got {layout.weight_sync!r}")
+        collective = layout.weight_sync == "collective"
+        group = (trainer_factory, config.for_trainer(), layout.trainer, layout.ranks, layout.placement, self.timeout_s)
+        self.trainer = TrainerGroup(*group, weights_thread=collective)
+        # A restarted rollout process would be in no weights group: with one, a death stops the run
+        groups = {"concurrency_groups": {"weights": 1}, "max_restarts": 0} if collective else {}
+        rollout_cls = ray.remote(**{"max_restarts": layout.max_restarts, "max_task_retries": 0, **groups})(RolloutActor)
         resources = layout.rollout
         self.workers = [_Worker(i, None) for i in range(self.num_workers)]
         for worker in self.workers:
@@ -137,6 +142,7 @@ class RayOrchestrator(RuntimeBase):
                 worker.name, _Bound(engine_factory, worker.index), config.for_trainer(), resources.threads()
             )
         self.rollout_actors = [w.handle for w in self.workers]
+        self.broadcasts = self._weights_group(layout) if collective else None
         self.weight_log: list[WeightRecord] = []
         self.trainer_checksums: dict[int, str] = {}
         self.restarts = 0
@@ -144,6 +150,14 @@ class RayOrchestrator(RuntimeBase):
         self._run: _RunState | None = None
         self._begin = self._startup = 0.0
         self._closed = False
+
+    def _weights_group(self, layout: RayLayout) -> WeightBroadcasts:
+        rank0 = self.trainer.ranks[0]
+        on_gpus = layout.trainer.num_gpus > 0 and layout.rollout.num_gpus > 0
+        # each end keeps the versions a lagged schedule reads, and two more: a broadcast
+        # may overtake the chunk (or the checkpoint) that reads an older one
+        options = {"timeout_s": self.timeout_s, "keep": self.schedule.keep + 2, "device": "cuda" if on_gpus else "cpu"}
+        return WeightBroadcasts(self._get(rank0.weights_endpoint.remote()), rank0, self.rollout_actors, options)
 
     # ------------------------------------------------------------ run hooks
     def _publish_initial(self) -> None:
@@ -171,6 +185,7 @@ class RayOrchestrator(RuntimeBase):
             "time/startup_s": self._startup,
             "trainer/ranks": float(len(self.trainer.ranks)),
             "trainer/nodes": float(nodes),
+            **(self.broadcasts.summary() if self.broadcasts is not None else {"weights/collective": 0.0}),
         }
 
     def _loop(self, first: int, num_steps: int, after_step: AfterStep | None) -> None:
@@ -178,6 +193,8 @@ class RayOrchestrator(RuntimeBase):
         run.enqueued = run.next_submit = run.next_train = first
         self._run = run
         while run.next_train < num_steps:
+            if self.broadcasts is not None:
+                self.broadcasts.check()
             self._dispatch(run)
             self._submit(run)
             head = list(run.training)[:1]  # trainer steps finish in order
@@ -243,7 +260,12 @@ class RayOrchestrator(RuntimeBase):
         worker, chunk, exp_ref = run.inflight.pop(ref)
         try:
             meta = ray.get(ref)
-        except RayActorError:
+        except RayActorError as error:
+            if self.broadcasts is not None:
+                raise RuntimeError(
+                    f"{worker.name} died; with runtime.weight_sync 'collective' its group cannot take a restarted "
+                    "process: the run stops here and resumes from its last checkpoint"
+                ) from error
             # The actor died under the chunk: the chunk goes first in line again, and
             # the worker comes back once a probe reaches its restarted process.
             worker.failures += 1
@@ -273,7 +295,11 @@ class RayOrchestrator(RuntimeBase):
         yield
 
     def _own_state(self) -> dict[str, Any]:
-        ring = [(version, self._get(ref[0]), checksum) for version, ref, checksum in self.published.state_dict()]
+        staged = dict(self._get(self.trainer.ranks[0].staged_weights.remote())) if self.broadcasts else {}
+        ring = [
+            (version, staged[version] if staged else self._get(ref[0]), checksum)
+            for version, ref, checksum in self.published.state_dict()
+        ]
         trainer, attachments = self.trainer.state(self._get)
         state = {"trainer": trainer, "weights": ring, "restarts": self.restarts}
         return {**state, "attachments": attachments} if attachments else state
@@ -285,7 +311,11 @@ class RayOrchestrator(RuntimeBase):
         """The trainer actor's state and the published ring (put into the object store again)."""
         self.trainer.restore(self._get, state["trainer"], state.get("attachments", {}))
         for version, weights, checksum in state["weights"]:
-            self._add_published((int(version), checksum, [ray.put(weights)]))
+            if self.broadcasts is None:
+                self._add_published((int(version), checksum, [ray.put(weights)]))
+                continue
+            self._get(self.trainer.ranks[0].restage.remote(int(version), weights))
+            self._add_published((int(version), checksum, []))
         self.restarts = int(state["restarts"])
 
     def buffer_stats(self) -> dict[str, int]:
@@ -313,6 +343,8 @@ class RayOrchestrator(RuntimeBase):
         version, checksum, ref = published
         self.published.publish(version, ref, checksum)
         self.trainer_checksums[version] = checksum
+        if self.broadcasts is not None:
+            self.broadcasts.publish(version)
 
     def _received(self, worker: _Worker, chunk: _Chunk, meta: dict[str, Any]) -> None:
         if meta["pid"] != worker.pid:  # restarted while idle: no call failed

@@ -33,6 +33,9 @@ class RayLayout:
             reserving ``trainer``).
         placement: the trainer group's placement strategy (``PACK``, ``SPREAD``,
             ``STRICT_SPREAD``: one rank per node).
+        weight_sync: how weights reach rollout actors: ``"object_store"`` (one
+            ``ray.put`` per version) or ``"collective"`` (a broadcast over a process group
+            of trainer rank 0 and the rollout actors, :mod:`asyncrlhf.distributed.weights`).
         seed: seeds each chunk's sampling, so ``sync`` and ``lagged`` runs are
             reproducible whichever worker draws which chunk (and after a restart).
     """
@@ -44,6 +47,7 @@ class RayLayout:
     seed: int = 0
     ranks: int = 1
     placement: str = "PACK"
+    weight_sync: str = "object_store"
 
 
 def check_capacity(

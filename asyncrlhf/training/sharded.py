@@ -154,6 +154,11 @@ class ShardedTrainer(TrainerWorker):
         state = self.state_dict()
         return weights_checksum(state) if self.rank == 0 else ""
 
+    def weights_layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """Rank 0's (its whole copy's), without a gather."""
+        whole = self._whole.state_dict() if self._whole is not None else {}
+        return [(k, tuple(v.shape), v.dtype) for k, v in whole.items()]
+
     def inference_model(self) -> Any:
         state = self.state_dict()
         if self._whole is None:

@@ -263,6 +263,10 @@ class TrainerWorker:
     def checksum(self) -> str:
         return weights_checksum(self.model)
 
+    def weights_layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """The published weights' names, shapes and dtypes, in order (no copy, no collective)."""
+        return [(k, tuple(v.shape), v.dtype) for k, v in self.model.state_dict().items()]
+
     def state(self) -> dict[str, Any]:
         """Model, optimiser, version and every RNG state: plain values and tensors only,
         so ``torch.load(..., weights_only=True)`` reads it back."""

@@ -335,6 +335,28 @@ def _checkpoint_case(params: dict[str, Any]) -> list[Figure]:
 # machine (the earlier one's moved by 1.0 point between the Xeon and the AMD EPYC).
 LEARNING_SLACK = 0.05
 
+
+def _weight_sync_case(params: dict[str, Any]) -> list[Figure]:
+    """Sync time per version against model size, process group vs object store
+    (informational: both depend on the machine's memory bandwidth and core count)."""
+    from pipelines.bench import weightsync
+
+    figures = []
+    for parameters, r in weightsync.run(params["sizes"], params["receivers"], params["repeats"]).items():
+        size, note = (
+            f"{parameters / 1e6:g}M",
+            f"{parameters / 1e6:g}M float32 parameters, {params['receivers']} receivers",
+        )
+        for name, unit in (("object_store", "s"), ("collective", "s"), ("collective_vs_store", "×")):
+            v = r[name]
+            figures.append(
+                Figure(
+                    f"weight_sync.{size}.{name}", v["median"], v["min"], v["max"], "lower", unit, gate=False, note=note
+                )
+            )
+    return figures
+
+
 CASES: dict[str, Case] = {
     "reward": _reward_case,
     "decoded": _decoded_case,
@@ -345,4 +367,5 @@ CASES: dict[str, Case] = {
     "learning": _learning_case,
     "overhead": _overhead_case,
     "checkpoint": _checkpoint_case,
+    "weight_sync": _weight_sync_case,
 }

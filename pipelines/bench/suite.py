@@ -68,6 +68,7 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
             "overrides": ["trainer.steps=300", "trainer.batch_size=128", "orchestrator.eval_every=0"],
             "repeats": 1,
         },
+        "weight_sync": {"sizes": [1_000_000, 10_000_000, 100_000_000], "receivers": 2, "repeats": 3},
         # The quick start as shipped (lagged k = 1: each cell deterministic on its CPU).
         # Three seeds on this machine's kernels.
         "learning": {"overrides": [], "kernels": ["native"], "seeds": [0, 1, 2]},

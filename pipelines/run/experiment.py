@@ -195,6 +195,8 @@ def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table
 
 def _layout(spec: ExperimentSpec) -> Any:
     from asyncrlhf.distributed import ActorResources, RayLayout
+    from asyncrlhf.distributed.weights import choose_sync
+    from pipelines.spec.memory import weight_bytes
 
     runtime = spec.runtime
 
@@ -209,6 +211,7 @@ def _layout(spec: ExperimentSpec) -> Any:
         seed=spec.seed + 1,
         ranks=runtime.trainer.ranks,
         placement=runtime.trainer.placement.upper(),
+        weight_sync=choose_sync(runtime.weight_sync, weight_bytes(spec)),
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipelines.spec import ExperimentSpec
 from pipelines.spec.files import SpecError
 
-__all__ = ["available_bytes", "check_fits", "estimate_bytes"]
+__all__ = ["available_bytes", "check_fits", "estimate_bytes", "weight_bytes"]
 
 _F32 = 4
 _JSONL_PROMPT_TOKENS = 64  # assumed prompt length of a JSONL task (the file is read later)
@@ -42,6 +42,11 @@ def _parameters(spec: ExperimentSpec) -> int:
     return layers * (4 * h * h + 3 * h * i + 2 * h) + 2 * _VOCAB * h + h
 
 
+def weight_bytes(spec: ExperimentSpec) -> int:
+    """The policy's weights in float32 (what each version published to rollout weighs)."""
+    return _parameters(spec) * _F32
+
+
 def estimate_bytes(spec: ExperimentSpec) -> dict[str, int]:
     """Rough upper bounds, by what asks: ``model`` (weights, gradients, Adam states, the
     engine's copy and a reference model), ``batch`` (one training pass and one generation
@@ -55,7 +60,7 @@ def estimate_bytes(spec: ExperimentSpec) -> dict[str, int]:
     generate = b * t * layers * 2 * h * _F32 + b * _VOCAB * _F32
     eval_size = spec.task.eval_size if spec.task.kind == "addition" else 0
     return {
-        "model": copies * _parameters(spec) * _F32,
+        "model": copies * weight_bytes(spec),
         "batch": train + generate,
         "eval": eval_size * (prompt + n) * 64,  # token tensors and their Python objects
     }

@@ -304,6 +304,13 @@ class RuntimeSpec(_Section):
     max_restarts: int = Field(
         3, ge=0, description="ray: restarts allowed per rollout actor before it is dropped.", json_schema_extra=RAY
     )
+    weight_sync: Literal["auto", "object_store", "collective"] = Field(
+        "auto",
+        description="ray: how weights reach rollout actors: 'object_store' (one ray.put per version), 'collective' "
+        "(a broadcast over a torch.distributed group of trainer rank 0 and the rollout actors; a rollout actor "
+        "that dies then stops the run), 'auto': collective from 1 GiB of weights.",
+        json_schema_extra=RAY,
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RuntimeSpec:
