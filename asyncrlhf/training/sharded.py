@@ -163,7 +163,9 @@ class ShardedTrainer(TrainerWorker):
         state = self.state_dict()
         if self._whole is None:
             return None
-        self._whole.load_state_dict(state)
+        # assign: the whole copy takes the gathered tensors themselves, so rank 0 holds the
+        # weights once (not a copy beside the gather)
+        self._whole.load_state_dict(state, assign=True)
         return self._whole
 
     # --------------------------------------------------------- checkpoints

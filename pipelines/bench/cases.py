@@ -31,6 +31,8 @@ TARGETS: dict[str, float] = {
     "losses.m2po_vs_ppo": 1.5,
     "losses.m2po_trust_region_vs_ppo": 1.5,
     "losses.m2po_token_vs_ppo": 1.5,
+    "sharded.training_memory.2_ranks": 0.6,  # FSDP2 per-rank memory at N = 2 against N = 1
+    "sharded.publishing_memory.2_ranks": 0.6,
 }
 REWARD_FIGURES: dict[str, Literal["higher", "lower"]] = {
     "speedup_vs_loop": "higher",
@@ -357,6 +359,22 @@ def _weight_sync_case(params: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def _sharded_case(params: dict[str, Any]) -> list[Figure]:
+    """Per-rank memory of a 2-rank FSDP2 trainer against one process (about 50M
+    parameters); the largest rank's ratio, so rank 0's whole copy of the weights counts."""
+    from pipelines.bench import sharded
+
+    r = sharded.run(tuple(params["worlds"]), params["parallel"])
+    note = f"{r['parameters'] / 1e6:.0f}M parameters, {params['parallel']}, largest rank / one process"
+    return [
+        Figure(name, ratio, ratio, ratio, "lower", gate=False, note=note, target=TARGETS.get(name))
+        for phase in ("training", "publishing")
+        for world, ratio in r[phase]["ratio"].items()
+        if world > 1
+        for name in [f"sharded.{phase}_memory.{world}_ranks"]
+    ]
+
+
 CASES: dict[str, Case] = {
     "reward": _reward_case,
     "decoded": _decoded_case,
@@ -368,4 +386,5 @@ CASES: dict[str, Case] = {
     "overhead": _overhead_case,
     "checkpoint": _checkpoint_case,
     "weight_sync": _weight_sync_case,
+    "sharded": _sharded_case,
 }

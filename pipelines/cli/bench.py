@@ -18,7 +18,7 @@ def bench(
     suite: Annotated[
         str,
         typer.Option(
-            help="'full' (nightly; ~3.5 min plus 3 learning runs of ~135 s on 2 cores), 'quick' (~20 s), "
+            help="'full' (nightly; ~4.5 min plus 3 learning runs of ~135 s on 2 cores), 'quick' (~20 s), "
             "'matrix' (the learning figure over 3 CPU kernel settings × 3 seeds, ~28 min), or 'cuda' (rewards and "
             "losses on the GPU)."
         ),

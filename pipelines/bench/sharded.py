@@ -1,0 +1,112 @@
+"""Per-rank memory of a trainer group against one trainer process, for a model of about
+50M parameters: N gloo ranks (one process each) build the model, train two steps on the
+same batch and publish (gather) the weights; each reports its resident memory through
+the training phase (the largest of the samples after each step and after the gather)
+less its memory before the model was built (the interpreter, torch), so the figure is
+what the training state (weights, gradients, AdamW's moments, activations, rank 0's
+gathered copy) takes on that rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FIFTY_M", "run"]
+
+FIFTY_M = {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12}
+
+
+def _rss() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _batch(tokenizer: Any, rows: int = 8) -> list[Any]:
+    import torch
+
+    from asyncrlhf.types import Experience
+
+    out = []
+    for i in range(rows):
+        prompt = torch.tensor([1, 10 + i % 5, 20 + i % 7, 3])
+        response = torch.tensor([5 + (i + j) % 9 for j in range(4 + i % 6)])
+        out.append(Experience(prompt, response, torch.full((len(response),), -2.0), float(i % 2), 0, i // 2, 1.0))
+    return out
+
+
+def _rank(rank: int, world: int, port: int, parallel: str, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model
+    from asyncrlhf.training import OptimConfig, TrainerWorker
+    from asyncrlhf.training.sharded import ShardedTrainer
+
+    torch.set_num_threads(1)
+    if world > 1:
+        timeout = datetime.timedelta(seconds=300)
+        dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", timeout=timeout, world_size=world, rank=rank)
+    try:
+        before = _rss()
+        tokenizer = build_char_tokenizer()
+        config = TinyModelConfig(**FIFTY_M, max_position_embeddings=64)
+        model = build_tiny_model(tokenizer, config, seed=0)
+        parameters = sum(p.numel() for p in model.parameters())
+        cls, extra = (ShardedTrainer, {"parallel": parallel}) if world > 1 else (TrainerWorker, {})
+        trainer = cls(model, tokenizer.pad_token_id, "ppo", {}, OptimConfig(lr=1e-5), seed=0, **extra)
+        del model
+        batch, training = _batch(tokenizer), []
+        for _ in range(2):
+            trainer.step(batch)
+            training.append(_rss())
+        state = trainer.state_dict()  # the publication's gather
+        whole = trainer.inference_model()  # rank 0's whole model, to evaluate with
+        publishing = _rss()
+        del state, whole
+        queue.put((rank, max(training) - before, publishing - before, parameters))
+        queue.close()
+        queue.join_thread()  # the feeder thread has written it before os._exit
+    finally:
+        if world > 1:
+            dist.barrier()
+            dist.destroy_process_group()
+    os._exit(0)  # no C++ static destructors at exit (see tests/training/test_sharded.py)
+
+
+def _group(world: int, parallel: str) -> list[tuple[int, int, int, int]]:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [context.Process(target=_rank, args=(r, world, port, parallel, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        out = [queue.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    return sorted(out)
+
+
+def run(worlds: tuple[int, ...] = (1, 2), parallel: str = "fsdp") -> dict[str, Any]:
+    """Per world size and phase (``training``: the steps; ``publishing``: with the
+    gathered weights and rank 0's whole model): each rank's memory (bytes) and the largest
+    rank's ratio to one process's. The ranks run with glibc's mmap threshold fixed, so
+    freed tensors leave the resident set and it measures what is held."""
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # inherited by the spawned ranks
+    ranks = {world: _group(world, parallel) for world in worlds}
+    out: dict[str, Any] = {"parameters": ranks[worlds[0]][0][3]}
+    for phase, column in (("training", 1), ("publishing", 2)):
+        per_rank = {world: [r[column] for r in rows] for world, rows in ranks.items()}
+        one = max(per_rank[1])
+        out[phase] = {"per_rank": per_rank, "ratio": {w: max(v) / one for w, v in per_rank.items()}}
+    return out
