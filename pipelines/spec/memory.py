@@ -17,7 +17,7 @@ from pathlib import Path
 from pipelines.spec import ExperimentSpec
 from pipelines.spec.files import SpecError
 
-__all__ = ["available_bytes", "check_fits", "estimate_bytes", "weight_bytes"]
+__all__ = ["available_bytes", "check_fits", "estimate_bytes", "rank_bytes", "weight_bytes"]
 
 _F32 = 4
 _JSONL_PROMPT_TOKENS = 64  # assumed prompt length of a JSONL task (the file is read later)
@@ -47,20 +47,30 @@ def weight_bytes(spec: ExperimentSpec) -> int:
     return _parameters(spec) * _F32
 
 
+def rank_bytes(spec: ExperimentSpec) -> int:
+    """One trainer rank's weights, gradients, AdamW moments and reference model: 1/N of
+    them under FSDP2 (``runtime.trainer.parallel: fsdp``), all of them under DDP; rank 0
+    of a group also holds the whole weights once (gathered to publish and evaluate)."""
+    ranks, parallel = spec.runtime.trainer.ranks, spec.runtime.trainer.parallel
+    state = (4 + (1 if spec.algorithm.uses_reference else 0)) * weight_bytes(spec)
+    share = state // ranks if parallel == "fsdp" else state
+    return share + (weight_bytes(spec) if ranks > 1 else 0)
+
+
 def estimate_bytes(spec: ExperimentSpec) -> dict[str, int]:
-    """Rough upper bounds, by what asks: ``model`` (weights, gradients, Adam states, the
-    engine's copy and a reference model), ``batch`` (one training pass and one generation
-    pass over ``trainer.batch_size`` sequences) and ``eval`` (the held-out problems)."""
+    """Rough upper bounds, by what asks: ``model`` (every trainer rank's
+    :func:`rank_bytes` and each rollout engine's copy), ``batch`` (one training pass and
+    one generation pass over ``trainer.batch_size`` sequences) and ``eval`` (the held-out
+    problems). Everything is counted as on one machine, as a local cluster is."""
     model, b, n = spec.model, spec.trainer.batch_size, spec.rollout.max_new_tokens
     prompt = 2 * spec.task.digits + 3 if spec.task.kind == "addition" else _JSONL_PROMPT_TOKENS
     t = prompt + n
     h, i, layers, heads = model.hidden_size, model.intermediate_size, model.num_layers, model.num_heads
-    copies = 5 + (1 if spec.algorithm.uses_reference else 0)
     train = b * t * (layers * (10 * h + 2 * i + 2 * heads * t) + 3 * _VOCAB) * _F32
     generate = b * t * layers * 2 * h * _F32 + b * _VOCAB * _F32
     eval_size = spec.task.eval_size if spec.task.kind == "addition" else 0
     return {
-        "model": copies * weight_bytes(spec),
+        "model": spec.runtime.trainer.ranks * rank_bytes(spec) + spec.rollout.workers * weight_bytes(spec),
         "batch": train + generate,
         "eval": eval_size * (prompt + n) * 64,  # token tensors and their Python objects
     }

@@ -20,7 +20,7 @@ from pipelines import cli as cli_module
 from pipelines.run import run_experiment
 from pipelines.spec import load_spec
 from pipelines.spec.files import SpecError
-from pipelines.spec.memory import check_fits, estimate_bytes
+from pipelines.spec.memory import check_fits, estimate_bytes, rank_bytes, weight_bytes
 from pipelines.tracking.store import HEARTBEAT_TAG, OWNER_TAG, STALE_AFTER_S, open_store, reconcile
 from tests.helpers import patience
 from tests.pipelines.conftest import REPO, env
@@ -128,6 +128,19 @@ def test_the_quick_start_is_far_below_any_machine():
     total = sum(estimate_bytes(load_spec(QUICKSTART)).values())
     assert 50e6 < total < 300e6
     check_fits(load_spec(QUICKSTART), available=1 << 30)  # fits in 1 GB
+
+
+def test_the_estimate_knows_ranks_fsdp_shares_the_training_state():
+    ray = ["runtime.kind=ray", "runtime.trainer.num_cpus=0.5", "runtime.rollout.num_cpus=0.5"]
+    one, p = load_spec(QUICKSTART, ray), weight_bytes(load_spec(QUICKSTART))
+    two, ddp = (
+        load_spec(QUICKSTART, [*ray, "runtime.trainer.ranks=2", *x]) for x in ([], ["runtime.trainer.parallel=ddp"])
+    )
+    assert rank_bytes(one) == 4 * p  # weights, gradients, AdamW's two moments
+    assert rank_bytes(two) == 2 * p + p  # half the state, and rank 0's whole weights
+    assert rank_bytes(ddp) == 4 * p + p
+    model = [estimate_bytes(s)["model"] for s in (one, two, ddp)]  # the ranks and the rollout engine's copy
+    assert model == [5 * p, 2 * 3 * p + p, 2 * 5 * p + p]
 
 
 def test_a_moved_store_reads_and_writes_the_artifacts_beside_it(tmp_path):
