@@ -42,12 +42,16 @@ def run(ranks: int, steps: int):  # type: ignore[no-untyped-def]
 
 
 def test_two_ranks_give_the_one_process_run():
-    (one, _), (two, _) = run(1, 10), run(2, 10)
+    """50 steps of the quick start (lagged k = 1): the same samples and evaluations; the
+    rounding of the split forward drifts the losses and gradient norms apart slowly
+    (measured on the Xeon: at most 2.3e-4 relative in grad_norm, 1.1e-5 in the loss;
+    bounds 4× and 9× that)."""
+    (one, _), (two, _) = run(1, 50), run(2, 50)
     assert two.summary["trainer/ranks"] == 2.0 and one.summary["trainer/ranks"] == 1.0
     assert [s["reward/mean"] for s in two.steps] == [s["reward/mean"] for s in one.steps]  # the same samples
     for a, b in zip(one.steps, two.steps, strict=True):
-        assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
-        assert b["loss/policy"] == pytest.approx(a["loss/policy"], abs=1e-6)
+        assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-3)
+        assert b["loss/policy"] == pytest.approx(a["loss/policy"], abs=1e-4)
     assert [s.get("eval/accuracy") for s in two.steps] == [s.get("eval/accuracy") for s in one.steps]
 
 
