@@ -227,6 +227,13 @@ class TrainerActor:
         """Trainer and buffer (empty between steps: only its accounting) for a checkpoint."""
         return {"trainer": self.trainer.state(), "buffer": self.side.buffer.state_dict()}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.trainer.restore(state["trainer"])
+    def restore(self, state: dict[str, Any], folder: str | None = None) -> None:
+        """From :meth:`state`; or, with ``folder``, from a trainer group's shards read whole."""
+        if folder is None:
+            self.trainer.restore(state["trainer"])
+        else:
+            from asyncrlhf.training.sharded import load_shards
+
+            load_shards(self.trainer.model, self.trainer.optimizer, folder)
+            self.trainer._restore_progress(state["trainer"])
         self.side.buffer.load_state_dict(state["buffer"])

@@ -79,9 +79,12 @@ class TrainerRank(TrainerActor):
         self.trainer.save_sharded(folder)
         return super().state() if self.rank == 0 else None
 
-    def restore(self, state: dict[str, Any], folder: str) -> None:  # type: ignore[override]
-        self.trainer.load_sharded(folder)
-        super().restore(state)
+    def restore(self, state: dict[str, Any], folder: str | None = None) -> None:
+        """From this group's shards, another group's (resharded), or one process's state."""
+        if folder is not None:
+            self.trainer.load_sharded(folder)
+        self.trainer.restore(state["trainer"])
+        self.side.buffer.load_state_dict(state["buffer"])
 
 
 class _Call:
@@ -190,12 +193,10 @@ class TrainerGroup:
         return get(refs)[0], {"trainer": folder}
 
     def restore(self, get: Callable[[Any], Any], state: dict[str, Any], attachments: dict[str, str]) -> None:
-        if not self.sharded:
-            get(self.ranks[0].restore.remote(state))
-            return
-        if "trainer" not in attachments:
-            raise ValueError("this checkpoint holds no sharded trainer state (it was written by one trainer process)")
-        get([rank.restore.remote(state, attachments["trainer"]) for rank in self.ranks])
+        """Any checkpoint onto any group: the shards (``attachments["trainer"]``) of N
+        ranks are resharded onto this one's; one process's whole state is split."""
+        folder = attachments.get("trainer")
+        get([rank.restore.remote(state, folder) for rank in self.ranks])
 
     def kill(self) -> None:
         for rank in self.ranks:

@@ -178,9 +178,20 @@ class ShardedTrainer(TrainerWorker):
         return out
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state` (after :meth:`load_sharded`)."""
+        """Restore :meth:`state` (after :meth:`load_sharded`), or a one-process
+        :meth:`TrainerWorker.state` (with its whole model and optimiser: each rank keeps
+        its shards of them)."""
+        if "model" in state:
+            optim = _optimizer_by_name(self.optimizer, state["optimizer"], self._names())
+            options = StateDictOptions(full_state_dict=True)
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=optim, options=options
+            )
         self._restore_progress(state)
         self._gathered = None
+
+    def _names(self) -> dict[Any, str]:
+        return {p: name.removeprefix("module.") for name, p in self.model.named_parameters()}
 
     def save_sharded(self, folder: str | Path) -> None:
         """Each rank writes its shards of the model and the optimiser into ``folder``."""
@@ -189,8 +200,24 @@ class ShardedTrainer(TrainerWorker):
 
     def load_sharded(self, folder: str | Path) -> None:
         """Read what :meth:`save_sharded` wrote, by any number of ranks."""
-        model, optim = get_state_dict(self.model, self.optimizer)
-        state = {"model": model, "optimizer": optim}
-        dcp.load(state, checkpoint_id=str(folder))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        load_shards(self.model, self.optimizer, folder)
         self._gathered = None
+
+
+def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:
+    """Load what :meth:`ShardedTrainer.save_sharded` wrote into ``model`` and
+    ``optimizer``: the shards of any number of ranks resharded onto this group, or read
+    whole by one process without a group (a group's run resumed by one trainer)."""
+    model_state, optim = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _optimizer_by_name(optimizer: Any, plain: dict[str, Any], names: dict[Any, str]) -> dict[str, Any]:
+    """A one-process ``optimizer.state_dict()`` (its parameters numbered in group order)
+    keyed by parameter names instead, as ``set_state_dict`` takes it. Both optimisers are
+    built by :class:`TrainerWorker` over the same model, so their groups and order agree."""
+    order = [names[p] for group in optimizer.param_groups for p in group["params"]]
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in plain["param_groups"]]
+    return {"state": {order[i]: v for i, v in plain["state"].items()}, "param_groups": groups}

@@ -201,7 +201,7 @@ def _check_checkpointed_spec(
     differing = [  # against the spec as the run started (its params, flattened)
         f"{k} ({logged[k]} → {v})"
         for k, v in sorted(now.items())
-        if k in logged and logged[k] != v and k != "trainer.steps" and not k.startswith("tracking.")
+        if k in logged and logged[k] != v and not may_change_on_resume(k)
     ]
     message = (
         f"--resume {run_id}: the spec is not the one its checkpoint of step {store.steps()[-1]} was written with "
@@ -210,6 +210,12 @@ def _check_checkpointed_spec(
     if not force:
         raise SpecError(f"{message}; --force resumes it anyway")
     warnings.warn(f"{message}; resuming anyway (--force)", stacklevel=3)
+
+
+def may_change_on_resume(key: str) -> bool:
+    """A spec field a resumed run may change: its length, where it is tracked, and how
+    the trainer is laid out (its shards are resharded onto the new ranks)."""
+    return key == "trainer.steps" or key.startswith(("tracking.", "runtime.trainer."))
 
 
 def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Checkpoints:
@@ -242,10 +248,13 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
     changed = [
         f"{k} ({before.get(k)} → {now.get(k)})"
         for k in sorted(set(before) | set(now))
-        if k != "trainer.steps" and not k.startswith("tracking.") and before.get(k) != now.get(k)
+        if not may_change_on_resume(k) and before.get(k) != now.get(k)
     ]
     if changed:
-        raise SpecError(f"--resume {run_id}: only trainer.steps may change, but {', '.join(changed)}")
+        raise SpecError(
+            f"--resume {run_id}: only trainer.steps and runtime.trainer (ranks, parallel, placement, resources) "
+            f"may change, but {', '.join(changed)}"
+        )
     store = Checkpoints(checkpoint_folder(uri, run_id), spec.trainer.keep_checkpoints)
     steps = store.steps()
     if not steps:

@@ -103,3 +103,24 @@ def test_a_group_the_cluster_cannot_place_is_refused_up_front():
         check_capacity(1, half, half, 4)
     with pytest.raises(ValueError, match=r"each of 2 trainer ranks on its own node, but 1 of the cluster's 1 nodes"):
         check_capacity(1, half, half, 2, "STRICT_SPREAD")
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (2, 4), (1, 2)])
+def test_a_checkpoint_resumes_onto_another_number_of_ranks(saved, resumed):
+    """Resharding: the shards of 2 ranks onto 1 (read whole) or 4, one process's whole
+    state split onto 2. The same samples follow; the losses agree within the rounding of
+    another split (the 50-step run's bounds)."""
+    reference, _ = run(saved, 6)
+    state = checkpoint_then_die(build(saved), at=3, steps=6)
+    assert ("attachments" in state) == (saved > 1)
+    second = build(resumed, "runtime.trainer.num_cpus=0.25")  # 4 ranks and a rollout actor in 2 CPUs
+    try:
+        second.restore(state)
+        history = second.run(6)
+        assert history.summary["trainer/ranks"] == float(resumed)
+        assert [s["reward/mean"] for s in history.steps] == [s["reward/mean"] for s in reference.steps]
+        for a, b in zip(reference.steps, history.steps, strict=True):
+            assert b["loss/policy"] == pytest.approx(a["loss/policy"], abs=1e-4)
+            assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-3)
+    finally:
+        second.close()

@@ -184,7 +184,10 @@ def test_bad_resumes_exit_2_with_one_line_and_create_nothing(store, tmp_path):
     assert asyncrlhf("run", str(spec)).returncode == 0
     (run,) = runs(store)
     for change, fragment in [
-        (["--set", "trainer.lr=1e-4"], "only trainer.steps may change, but trainer.lr (0.0003 → 0.0001)"),
+        (
+            ["--set", "trainer.lr=1e-4"],
+            "may change, but trainer.lr (0.0003 → 0.0001)",
+        ),
         (["--set", "tracking.experiment=other"], "the run is in experiment 'resume'"),
         ([], "raise it (--set trainer.steps=8) to continue"),  # FINISHED, steps not raised
         (["--resume", "0123456789abcdef"], "no run '0123456789abcdef'"),
