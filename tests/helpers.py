@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import torch
 
 from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model
@@ -28,3 +30,10 @@ def patience(seconds: float) -> float:
     import os
 
     return seconds * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (a server started next takes it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -164,7 +164,10 @@ class TrainerGroup:
         if not self.pending:
             return
         done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
-        ray.get(done)
+        try:
+            ray.get(done)
+        except ray.exceptions.RayError as error:
+            raise self.failure(error) from error
 
     def failure(self, error: Exception) -> Exception:
         """What to raise for a trainer call that failed: a dead rank named where one is

@@ -13,8 +13,10 @@ start and the end, what a checkpoint holds besides the runtime's own state) live
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -171,13 +173,21 @@ class RuntimeBase:
     # ---------------------------------------------------------- checkpoints
     def checkpoint(self, write: Callable[[dict[str, Any]], None]) -> None:
         """Call ``write(state)`` with the whole run state after the last finished step;
-        the runtime holds still meanwhile, so the state is consistent while written."""
+        the runtime holds still meanwhile, so the state is consistent while written.
+
+        Folders the state names in ``state["attachments"]`` (a trainer group's shards)
+        are temporary: ``write`` moves or copies them; what is left is removed after it."""
         with self._pause():
             state = self._own_state()
             state["steps_done"] = self.recorder.steps_done
             state["record"] = self.recorder.state_dict()
             state.setdefault("rollout", {})["problems_drawn"] = self._drawn_at_checkpoint()
-            write(state)
+            made = [Path(folder) for folder in state.get("attachments", {}).values()]
+            try:
+                write(state)
+            finally:
+                for folder in made:
+                    shutil.rmtree(folder, ignore_errors=True)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Put a :meth:`checkpoint` back, before :meth:`run` (on a freshly built runtime)."""

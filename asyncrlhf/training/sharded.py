@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from asyncrlhf.models import weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.trainer import TrainerWorker, _select
 from asyncrlhf.types import ExperienceBatch
@@ -149,8 +150,6 @@ class ShardedTrainer(TrainerWorker):
         return self._gathered[1] if self.rank == 0 else {}
 
     def checksum(self) -> str:
-        from asyncrlhf.models import weights_checksum
-
         state = self.state_dict()
         return weights_checksum(state) if self.rank == 0 else ""
 

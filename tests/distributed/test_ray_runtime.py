@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -152,12 +153,18 @@ def checkpoint_then_die(runtime, at: int, steps: int):  # type: ignore[no-untype
 
 
 def roundtrip(state):  # type: ignore[no-untyped-def]
-    """As a checkpoint file would give it back."""
+    """As a checkpoint file would give it back (its attached folders copied out: the
+    runtime removes them once the write returns)."""
     import io
+    import shutil
+    import tempfile
 
     import torch
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
+    out = torch.load(buffer, weights_only=True)
+    for name, folder in out.get("attachments", {}).items():
+        out["attachments"][name] = str(shutil.copytree(folder, Path(tempfile.mkdtemp(prefix="shards-")) / name))
+    return out

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
 from tests.pipelines.conftest import REPO
 
 RAY = Path(sys.executable).with_name("ray")
@@ -64,12 +64,6 @@ def drive(address: str, steps: int) -> None:
     print("RESULT " + json.dumps(out))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -95,7 +89,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 @pytest.fixture
 def two_nodes() -> Iterator[str]:
     temp = Path(tempfile.mkdtemp(prefix="r2n", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     procs = [
         _start(
             [

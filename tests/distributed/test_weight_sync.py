@@ -4,7 +4,6 @@ exactly the object-store run, resume exactly, and stop loudly when a member dies
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -15,6 +14,7 @@ import torch
 from asyncrlhf.distributed.weights import WeightChannel, _buckets, choose_sync, layout_of
 from tests.distributed.test_ray_runtime import checkpoint_then_die
 from tests.distributed.test_trainer_group import SMALL, SPEC
+from tests.helpers import free_port
 
 STATE = {
     "a": torch.arange(10, dtype=torch.float32),
@@ -25,14 +25,8 @@ STATE = {
 }
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _channels(world: int, timeout_s: float, bucket_mb: float) -> list[WeightChannel]:
-    port, out = _port(), [None] * world
+    port, out = free_port(), [None] * world
 
     def join(rank: int) -> None:
         out[rank] = WeightChannel("127.0.0.1", port, rank, world, layout_of(STATE), timeout_s, 2, bucket_mb)
@@ -89,7 +83,7 @@ def test_a_broadcast_that_never_comes_fails_within_the_timeout():
 def test_a_member_that_never_joins_fails_the_group_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="timeout"):
-        WeightChannel("127.0.0.1", _port(), 0, 2, layout_of(STATE), 2.0, 2)
+        WeightChannel("127.0.0.1", free_port(), 0, 2, layout_of(STATE), 2.0, 2)
     assert time.monotonic() - start < 20
 
 

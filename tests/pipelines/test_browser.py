@@ -22,8 +22,8 @@ import yaml
 from pipelines.sweeps import load_sweep, run_sweep
 from pipelines.tracking import open_store
 from pipelines.tracking.names import run_url
+from tests.helpers import free_port
 from tests.pipelines.conftest import REPO, cli, env
-from tests.pipelines.test_ui import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")

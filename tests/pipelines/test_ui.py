@@ -15,14 +15,8 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.tracking.store import OWNER_TAG
-from tests.helpers import patience
+from tests.helpers import free_port, patience
 from tests.pipelines.conftest import cli, env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, body: dict | None = None) -> dict:

@@ -8,7 +8,6 @@ import copy
 import datetime
 import multiprocessing
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from asyncrlhf.rollout import HFEngine, Sampling
 from asyncrlhf.training import OptimConfig, TrainerWorker
 from asyncrlhf.training.sharded import shard_rows
 from asyncrlhf.types import Experience
-from tests.helpers import even_first_token
+from tests.helpers import even_first_token, free_port
 
 TWO_LAYERS = TinyModelConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=40
@@ -152,14 +151,8 @@ def _steps(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _group(world: int, parallel: str, dtype: torch.dtype, tmp_path: Path) -> dict[str, Any]:
-    out, port = str(tmp_path / f"{world}-{parallel}.pt"), _free_port()
+    out, port = str(tmp_path / f"{world}-{parallel}.pt"), free_port()
     context = multiprocessing.get_context("spawn")
     procs = [context.Process(target=_rank, args=(r, world, port, parallel, dtype, out)) for r in range(world)]
     for p in procs:
