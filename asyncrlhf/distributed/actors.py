@@ -36,7 +36,7 @@ from asyncrlhf.orchestration.weights import Snapshot
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience
 
-__all__ = ["RolloutActor", "TrainerActor"]
+__all__ = ["Bound", "RolloutActor", "TrainerActor"]
 
 Event = tuple[str, str, float, float]  # (worker, phase, start, end), wall-clock seconds
 
@@ -223,6 +223,9 @@ class TrainerActor:
     def policy_state(self) -> dict[str, Any]:
         return self.trainer.state_dict()
 
+    def adapter(self) -> dict[str, Any] | None:
+        return self.trainer.adapter()
+
     def state(self) -> dict[str, Any]:
         """Trainer and buffer (empty between steps: only its accounting) for a checkpoint."""
         return {"trainer": self.trainer.state(), "buffer": self.side.buffer.state_dict()}
@@ -237,3 +240,13 @@ class TrainerActor:
             load_shards(self.trainer.model, self.trainer.optimizer, folder)
             self.trainer._restore_progress(state["trainer"])
         self.side.buffer.load_state_dict(state["buffer"])
+
+
+class Bound:
+    """``factory(index)`` as a zero-argument callable that pickles by value."""
+
+    def __init__(self, factory: Callable[[int], Any], index: int) -> None:
+        self.factory, self.index = factory, index
+
+    def __call__(self) -> Any:
+        return self.factory(self.index)

@@ -37,7 +37,7 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError, RayError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
-from asyncrlhf.distributed.actors import RolloutActor
+from asyncrlhf.distributed.actors import Bound, RolloutActor
 from asyncrlhf.distributed.group import TrainerGroup
 from asyncrlhf.distributed.resources import RayLayout, check_capacity
 from asyncrlhf.distributed.weights import WeightBroadcasts
@@ -139,7 +139,7 @@ class RayOrchestrator(RuntimeBase):
         self.workers = [_Worker(i, None) for i in range(self.num_workers)]
         for worker in self.workers:
             worker.handle = rollout_cls.options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus).remote(
-                worker.name, _Bound(engine_factory, worker.index), config.for_trainer(), resources.threads()
+                worker.name, Bound(engine_factory, worker.index), config.for_trainer(), resources.threads()
             )
         self.rollout_actors = [w.handle for w in self.workers]
         self.broadcasts = self._weights_group(layout) if collective else None
@@ -283,6 +283,9 @@ class RayOrchestrator(RuntimeBase):
         """The trained policy's weights (fetched from the trainer actor)."""
         return self._get(self.trainer.policy_state.remote())
 
+    def adapter(self) -> dict[str, Any] | None:
+        return self._get(self.trainer.adapter.remote())
+
     @contextlib.contextmanager
     def _pause(self) -> Iterator[None]:
         """Trainer steps already queued on the actor finish first, so the state is that of
@@ -381,16 +384,6 @@ class RayOrchestrator(RuntimeBase):
         self.restarts += 1
         now = time.time()
         self.recorder.event(worker.name, "restart", now, now)
-
-
-class _Bound:
-    """``factory(index)`` as a zero-argument callable that pickles by value."""
-
-    def __init__(self, factory: Callable[[int], Any], index: int) -> None:
-        self.factory, self.index = factory, index
-
-    def __call__(self) -> Any:
-        return self.factory(self.index)
 
 
 def _split(total: int, parts: int) -> list[int]:

@@ -70,6 +70,9 @@ class Orchestrator(RuntimeBase):
         """The trained policy's weights (a copy)."""
         return self.trainer.state_dict()
 
+    def adapter(self) -> dict[str, Any] | None:
+        return self.trainer.adapter()
+
     def buffer_stats(self) -> dict[str, int]:
         return self.buffer.stats()
 

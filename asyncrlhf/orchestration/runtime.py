@@ -118,6 +118,10 @@ class Runtime(Protocol):
         """The trained policy's weights."""
         ...
 
+    def adapter(self) -> dict[str, Any] | None:
+        """With LoRA: the adapter's ``peft`` config and weights (see ``TrainerWorker.adapter``); else None."""
+        ...
+
     def buffer_stats(self) -> dict[str, int]:
         """The trainer's buffer counters (pushed, sampled, dropped, evicted, size)."""
         ...

@@ -22,6 +22,7 @@ from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.losses import aggregation_share, policy_loss
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
+from asyncrlhf.training.lora import adapter_state_dict, is_lora, load_adapter_state, merged_state_dict
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
 __all__ = ["LrDecay", "OptimConfig", "TrainerWorker", "sequence_logprobs"]
@@ -126,9 +127,8 @@ class TrainerWorker:
         self.device = next(self.model.parameters()).device
         self.pad_token_id = pad_token_id
         self.loss_fn = policy_loss(algorithm, **(loss_options or {}))
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
-        )
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters
+        self.optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
         self.grad_clip, self.optim = optim.grad_clip, optim
         self.temperature = temperature
         self.ppo_epochs, self.mini_batches = optim.ppo_epochs, optim.mini_batches
@@ -257,22 +257,32 @@ class TrainerWorker:
 
     # ----------------------------------------------------------- weights / io
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the model weights, for publishing to rollout engines."""
+        """A detached copy of the model weights, for publishing to rollout engines (with
+        LoRA: the base model's, adapters merged)."""
+        if is_lora(self.model):
+            return merged_state_dict(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def checksum(self) -> str:
-        return weights_checksum(self.model)
+        return weights_checksum(self.state_dict() if is_lora(self.model) else self.model)
+
+    def adapter(self) -> dict[str, Any] | None:
+        """With LoRA: ``{"config": the peft config as a dict, "weights": the adapter's}``."""
+        if not is_lora(self.model):
+            return None
+        return {"config": self.model.peft_config["default"].to_dict(), "weights": adapter_state_dict(self.model)}
 
     def weights_layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         """The published weights' names, shapes and dtypes, in order (no copy, no collective)."""
-        return [(k, tuple(v.shape), v.dtype) for k, v in self.model.state_dict().items()]
+        state = self.state_dict() if is_lora(self.model) else self.model.state_dict()
+        return [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
 
     def state(self) -> dict[str, Any]:
         """Model, optimiser, version and every RNG state: plain values and tensors only,
         so ``torch.load(..., weights_only=True)`` reads it back."""
         name, keys, pos, has_gauss, cached = np.random.get_state()
         return {
-            "model": self.model.state_dict(),
+            "model": adapter_state_dict(self.model) if is_lora(self.model) else self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
             "skipped_steps": self.skipped_steps,
@@ -296,7 +306,10 @@ class TrainerWorker:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state`; the shared version source follows."""
-        self.model.load_state_dict(state["model"])
+        if is_lora(self.model):  # the adapters alone; the frozen base is the spec's model
+            load_adapter_state(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._restore_progress(state)
 

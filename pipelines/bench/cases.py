@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pipelines.bench import scale
+
 __all__ = ["CASES", "LEARNING_SLACK", "TARGETS", "Case", "Figure"]
 
 LAGGED = ["orchestrator.mode=lagged", "orchestrator.lag=1"]  # the quick start's schedule
@@ -338,43 +340,6 @@ def _checkpoint_case(params: dict[str, Any]) -> list[Figure]:
 LEARNING_SLACK = 0.05
 
 
-def _weight_sync_case(params: dict[str, Any]) -> list[Figure]:
-    """Sync time per version against model size, process group vs object store
-    (informational: both depend on the machine's memory bandwidth and core count)."""
-    from pipelines.bench import weightsync
-
-    figures = []
-    for parameters, r in weightsync.run(params["sizes"], params["receivers"], params["repeats"]).items():
-        size, note = (
-            f"{parameters / 1e6:g}M",
-            f"{parameters / 1e6:g}M float32 parameters, {params['receivers']} receivers",
-        )
-        for name, unit in (("object_store", "s"), ("collective", "s"), ("collective_vs_store", "×")):
-            v = r[name]
-            figures.append(
-                Figure(
-                    f"weight_sync.{size}.{name}", v["median"], v["min"], v["max"], "lower", unit, gate=False, note=note
-                )
-            )
-    return figures
-
-
-def _sharded_case(params: dict[str, Any]) -> list[Figure]:
-    """Per-rank memory of a 2-rank FSDP2 trainer against one process (about 50M
-    parameters); the largest rank's ratio, so rank 0's whole copy of the weights counts."""
-    from pipelines.bench import sharded
-
-    r = sharded.run(tuple(params["worlds"]), params["parallel"])
-    note = f"{r['parameters'] / 1e6:.0f}M parameters, {params['parallel']}, largest rank / one process"
-    return [
-        Figure(name, ratio, ratio, ratio, "lower", gate=False, note=note, target=TARGETS.get(name))
-        for phase in ("training", "publishing")
-        for world, ratio in r[phase]["ratio"].items()
-        if world > 1
-        for name in [f"sharded.{phase}_memory.{world}_ranks"]
-    ]
-
-
 CASES: dict[str, Case] = {
     "reward": _reward_case,
     "decoded": _decoded_case,
@@ -385,6 +350,7 @@ CASES: dict[str, Case] = {
     "learning": _learning_case,
     "overhead": _overhead_case,
     "checkpoint": _checkpoint_case,
-    "weight_sync": _weight_sync_case,
-    "sharded": _sharded_case,
+    "weight_sync": scale.weight_sync_case,
+    "sharded": scale.sharded_case,
+    "lora": scale.lora_case,
 }

@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FIFTY_M", "run"]
+__all__ = ["FIFTY_M", "run", "run_lora"]
 
 FIFTY_M = {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12}
 
@@ -39,7 +39,9 @@ def _batch(tokenizer: Any, rows: int = 8) -> list[Any]:
     return out
 
 
-def _rank(rank: int, world: int, port: int, parallel: str, queue: Any) -> None:
+def _rank(rank: int, world: int, port: int, parallel: str, queue: Any, lora: bool = False) -> None:
+    import time
+
     import torch
     import torch.distributed as dist
 
@@ -57,18 +59,24 @@ def _rank(rank: int, world: int, port: int, parallel: str, queue: Any) -> None:
         config = TinyModelConfig(**FIFTY_M, max_position_embeddings=64)
         model = build_tiny_model(tokenizer, config, seed=0)
         parameters = sum(p.numel() for p in model.parameters())
+        if lora:
+            from asyncrlhf.training.lora import LoraSettings, apply_lora
+
+            model = apply_lora(model, LoraSettings(r=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")))
         cls, extra = (ShardedTrainer, {"parallel": parallel}) if world > 1 else (TrainerWorker, {})
         trainer = cls(model, tokenizer.pad_token_id, "ppo", {}, OptimConfig(lr=1e-5), seed=0, **extra)
         del model
         batch, training = _batch(tokenizer), []
         for _ in range(2):
+            start = time.perf_counter()
             trainer.step(batch)
+            seconds = time.perf_counter() - start  # the second step's: the first allocates the moments
             training.append(_rss())
         state = trainer.state_dict()  # the publication's gather
         whole = trainer.inference_model()  # rank 0's whole model, to evaluate with
         publishing = _rss()
         del state, whole
-        queue.put((rank, max(training) - before, publishing - before, parameters))
+        queue.put((rank, max(training) - before, publishing - before, parameters, seconds))
         queue.close()
         queue.join_thread()  # the feeder thread has written it before os._exit
     finally:
@@ -78,13 +86,13 @@ def _rank(rank: int, world: int, port: int, parallel: str, queue: Any) -> None:
     os._exit(0)  # no C++ static destructors at exit (see tests/training/test_sharded.py)
 
 
-def _group(world: int, parallel: str) -> list[tuple[int, int, int, int]]:
+def _group(world: int, parallel: str, lora: bool = False) -> list[tuple[int, int, int, int, float]]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [context.Process(target=_rank, args=(r, world, port, parallel, queue)) for r in range(world)]
+    procs = [context.Process(target=_rank, args=(r, world, port, parallel, queue, lora)) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -110,3 +118,16 @@ def run(worlds: tuple[int, ...] = (1, 2), parallel: str = "fsdp") -> dict[str, A
         one = max(per_rank[1])
         out[phase] = {"per_rank": per_rank, "ratio": {w: max(v) / one for w, v in per_rank.items()}}
     return out
+
+
+def run_lora() -> dict[str, float]:
+    """LoRA (r = 8 on the attention projections) against full fine-tuning, one process
+    each: training memory and the second step's time, as ratios."""
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    (full,), (lora,) = _group(1, "fsdp"), _group(1, "fsdp", lora=True)
+    return {
+        "full_mb": full[1] / 2**20,
+        "lora_mb": lora[1] / 2**20,
+        "memory_ratio": lora[1] / full[1],
+        "step_ratio": lora[4] / full[4],
+    }

@@ -70,6 +70,7 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "weight_sync": {"sizes": [1_000_000, 10_000_000, 100_000_000], "receivers": 2, "repeats": 3},
         "sharded": {"worlds": [1, 2], "parallel": "fsdp"},
+        "lora": {},
         # The quick start as shipped (lagged k = 1: each cell deterministic on its CPU).
         # Three seeds on this machine's kernels.
         "learning": {"overrides": [], "kernels": ["native"], "seeds": [0, 1, 2]},

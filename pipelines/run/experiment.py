@@ -19,6 +19,7 @@ from asyncrlhf.models import TinyModelConfig, WarmStartConfig, load_pretrained, 
 from asyncrlhf.orchestration import HeldOut, Orchestrator, RunConfig, RunHistory, Runtime
 from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.training import TrainerWorker
+from asyncrlhf.training.lora import write_adapter
 from pipelines.run.checkpoint_store import CheckpointError, Checkpoints, check_resume, checkpoint_folder, resume_key
 from pipelines.run.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals, stop_requested
 from pipelines.spec import ExperimentSpec
@@ -101,6 +102,10 @@ def _trainer(spec: ExperimentSpec, model: Any, tokenizer: Any) -> TrainerWorker:
 
         cls, extra = ShardedTrainer, {"parallel": spec.runtime.trainer.parallel}
     ref_model = copy.deepcopy(model) if algo.uses_reference else None
+    if spec.model.lora is not None:  # on a copy: the local engine copies the base model
+        from asyncrlhf.training.lora import LoraSettings, apply_lora
+
+        model = apply_lora(copy.deepcopy(model), LoraSettings(**spec.model.lora.model_dump()))
     options = algo.loss_options()
     if options.get("loss_agg") == "seq-mean-token-sum-norm":
         options["norm_length"] = spec.rollout.max_new_tokens  # Dr. GRPO's constant: the generation budget
@@ -154,9 +159,10 @@ def build_runtime(
     """
     seed_everything(spec.seed)
     local = spec.runtime.kind == "local"
+    path = _policy_path(spec)
+    _check_lora(spec, path)
     if spec.runtime.torch_threads is not None and local:
         torch.set_num_threads(spec.runtime.torch_threads)
-    path = _policy_path(spec)
     if local:
         device = _device(spec)
         model, tokenizer = load_pretrained(path, device)
@@ -185,6 +191,23 @@ def build_runtime(
 
     engines, trainers = functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path)
     return RayOrchestrator(engines, trainers, config, _layout(spec))
+
+
+def _check_lora(spec: ExperimentSpec, path: str) -> None:
+    """``model.lora.target_modules`` against the model's module names (built on the meta
+    device: nothing loaded), before any actor or run starts."""
+    if spec.model.lora is None:
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from asyncrlhf.training.lora import check_targets
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    try:
+        check_targets(model, spec.model.lora.target_modules)
+    except ValueError as err:
+        raise ValueError(f"model.lora.{err}") from None
 
 
 def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table: Callable[..., None] | None) -> Any:
@@ -398,3 +421,8 @@ def _log_policy(spec: ExperimentSpec, runtime: Runtime, tracker: Any) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tracker.client.log_artifacts(tracker.run_id, tmp, "policy")
+    adapter = runtime.adapter()
+    if adapter is not None:  # LoRA: the adapter alone too, as peft saves it (policy/ is merged)
+        with tempfile.TemporaryDirectory(prefix="asyncrlhf-adapter-") as tmp:
+            write_adapter(adapter, tmp)
+            tracker.client.log_artifacts(tracker.run_id, tmp, "adapter")

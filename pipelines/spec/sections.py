@@ -47,6 +47,21 @@ class WarmStartSpec(_Section):
     )
 
 
+class LoraSpec(_Section):
+    """LoRA adapters (``peft``): only they train and are checkpointed; rollout engines get
+    the merged weights."""
+
+    r: int = Field(8, ge=1, description="Adapter rank.")
+    alpha: float = Field(16.0, gt=0, description="Scale: the update is alpha / r · B A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        min_length=1,
+        description="Modules to adapt, by name (the tiny model's linear layers: q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj).",
+    )
+
+
 class ModelSpec(_Section):
     kind: Literal["tiny", "pretrained"] = Field(
         "tiny",
@@ -66,6 +81,7 @@ class ModelSpec(_Section):
         default_factory=WarmStartSpec, description="Tiny model: warm start.", json_schema_extra=TINY
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where model, engine and trainer run.")
+    lora: LoraSpec | None = Field(None, description="Train LoRA adapters instead of every weight (null: full).")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -1,0 +1,61 @@
+"""The scale cases of the benchmark suite: weight sync against model size, a trainer
+group's per-rank memory, LoRA against full fine-tuning (:mod:`pipelines.bench.cases`
+lists them; ``Figure`` and ``TARGETS`` come from there, imported when a case runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["lora_case", "sharded_case", "weight_sync_case"]
+
+
+def weight_sync_case(params: dict[str, Any]) -> list[Any]:
+    """Sync time per version against model size, process group vs object store
+    (informational: both depend on the machine's memory bandwidth and core count)."""
+    from pipelines.bench import weightsync
+    from pipelines.bench.cases import Figure
+
+    figures = []
+    for parameters, r in weightsync.run(params["sizes"], params["receivers"], params["repeats"]).items():
+        size, note = (
+            f"{parameters / 1e6:g}M",
+            f"{parameters / 1e6:g}M float32 parameters, {params['receivers']} receivers",
+        )
+        for name, unit in (("object_store", "s"), ("collective", "s"), ("collective_vs_store", "×")):
+            v = r[name]
+            figures.append(
+                Figure(
+                    f"weight_sync.{size}.{name}", v["median"], v["min"], v["max"], "lower", unit, gate=False, note=note
+                )
+            )
+    return figures
+
+
+def sharded_case(params: dict[str, Any]) -> list[Any]:
+    """Per-rank memory of a 2-rank FSDP2 trainer against one process (about 50M
+    parameters); the largest rank's ratio, so rank 0's whole copy of the weights counts."""
+    from pipelines.bench import sharded
+    from pipelines.bench.cases import TARGETS, Figure
+
+    r = sharded.run(tuple(params["worlds"]), params["parallel"])
+    note = f"{r['parameters'] / 1e6:.0f}M parameters, {params['parallel']}, largest rank / one process"
+    return [
+        Figure(name, ratio, ratio, ratio, "lower", gate=False, note=note, target=TARGETS.get(name))
+        for phase in ("training", "publishing")
+        for world, ratio in r[phase]["ratio"].items()
+        if world > 1
+        for name in [f"sharded.{phase}_memory.{world}_ranks"]
+    ]
+
+
+def lora_case(params: dict[str, Any]) -> list[Any]:
+    """LoRA against full fine-tuning on the 57M model: training memory and step time."""
+    from pipelines.bench import sharded
+    from pipelines.bench.cases import Figure
+
+    r = sharded.run_lora()
+    note = f"r=8 on q/k/v/o_proj; {r['lora_mb']:.0f} MB vs {r['full_mb']:.0f} MB"
+    return [
+        Figure(f"lora.{name}", r[name], r[name], r[name], "lower", gate=False, note=note)
+        for name in ("memory_ratio", "step_ratio")
+    ]
