@@ -36,7 +36,10 @@ class OptimConfig:
     optimiser steps per pass, the global gradient norm clipped at ``grad_clip`` (None:
     no clipping), and the learning-rate schedule: raised linearly over the first
     ``warmup_updates`` optimiser updates (0: none), then held (``decay="constant"``) or
-    lowered to ``min_lr_ratio``·lr at update ``total_updates`` (``"linear"``, ``"cosine"``)."""
+    lowered to ``min_lr_ratio``·lr at update ``total_updates`` (``"linear"``, ``"cosine"``).
+    ``micro_batch_size`` rows at a time go through forward and backward, the gradients
+    accumulated into one update (None: the whole mini-batch at once); the update is the
+    same (see ``TrainerWorker._accumulate``)."""
 
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -48,6 +51,7 @@ class OptimConfig:
     decay: LrDecay = "constant"
     total_updates: int | None = None
     min_lr_ratio: float = 0.0
+    micro_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -57,6 +61,8 @@ class OptimConfig:
         check_positive_int("ppo_epochs", self.ppo_epochs)
         check_positive_int("mini_batches", self.mini_batches)
         check_nonnegative_int("warmup_updates", self.warmup_updates)
+        if self.micro_batch_size is not None:
+            check_positive_int("micro_batch_size", self.micro_batch_size)
         if self.decay not in get_args(LrDecay):
             raise ValueError(f"decay must be 'constant', 'linear' or 'cosine', got {self.decay!r}")
         if self.decay != "constant" and (self.total_updates is None or self.total_updates <= self.warmup_updates):
@@ -204,13 +210,19 @@ class TrainerWorker:
         signal, share = self._signal_rows(sub)
         if signal is not None:
             sub, ref, prox = _take(sub, ref, prox, signal)
-        logprobs = self._logprobs(self.model, sub)  # (b, R)
-        loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
-        loss = loss * share
+        micro = self.optim.micro_batch_size
         self.optimizer.zero_grad(set_to_none=True)
+        if micro is not None and micro < len(sub):
+            loss, metrics = self._accumulate(sub, ref, prox, share, micro)
+        else:
+            logprobs = self._logprobs(self.model, sub)  # (b, R)
+            loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
+            loss = loss * share
+            if torch.isfinite(loss):
+                self._backward(loss)
         if not torch.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
             return None
-        self._backward(loss)
         # With an infinite max norm clipping only measures: one call serves both.
         grad_norm = self._clip_grads(self.grad_clip if self.grad_clip is not None else math.inf)
         if not math.isfinite(grad_norm):
@@ -226,6 +238,34 @@ class TrainerWorker:
         out["train/grad_norm"] = grad_norm
         out["train/lr"] = lr
         return out
+
+    def _accumulate(
+        self,
+        sub: ExperienceBatch,
+        ref: torch.Tensor | None,
+        prox: torch.Tensor | None,
+        share: float,
+        micro: int,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The mini-batch's gradient, ``micro`` rows at a time. A pass without a graph
+        gives every row's log-probs; then each micro-batch's rows are computed again with
+        their graph, put in place of their values, and the loss over the whole mini-batch
+        taken and back-propagated: the other rows are constants at their true values, so
+        the micro-batches' gradients sum to the mini-batch's, whatever the loss's
+        aggregation or batch-wide statistics (M2PO's mask, the trust region's budget).
+        One forward more per mini-batch; activations of one micro-batch at a time."""
+        chunks = list(torch.arange(len(sub), device=self.device).split(micro))
+        with torch.no_grad():
+            full = torch.cat([self._logprobs(self.model, _select(sub, rows)) for rows in chunks])
+            loss, metrics = self.loss_fn(full, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
+        loss = loss * share
+        if not torch.isfinite(loss):
+            return loss, metrics
+        for rows in chunks:
+            mixed = full.index_put((rows,), self._logprobs(self.model, _select(sub, rows)))
+            part, _ = self.loss_fn(mixed, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
+            self._backward(part * share)
+        return loss, metrics
 
     # ------------------------------------------- what a sharded trainer changes
     def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:

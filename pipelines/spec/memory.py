@@ -59,14 +59,16 @@ def rank_bytes(spec: ExperimentSpec) -> int:
 
 def estimate_bytes(spec: ExperimentSpec) -> dict[str, int]:
     """Rough upper bounds, by what asks: ``model`` (every trainer rank's
-    :func:`rank_bytes` and each rollout engine's copy), ``batch`` (one training pass and
-    one generation pass over ``trainer.batch_size`` sequences) and ``eval`` (the held-out
+    :func:`rank_bytes` and each rollout engine's copy), ``batch`` (one training pass over
+    ``trainer.micro_batch_size`` sequences, or the batch, and one generation pass over
+    ``trainer.batch_size``) and ``eval`` (the held-out
     problems). Everything is counted as on one machine, as a local cluster is."""
     model, b, n = spec.model, spec.trainer.batch_size, spec.rollout.max_new_tokens
     prompt = 2 * spec.task.digits + 3 if spec.task.kind == "addition" else _JSONL_PROMPT_TOKENS
     t = prompt + n
     h, i, layers, heads = model.hidden_size, model.intermediate_size, model.num_layers, model.num_heads
-    train = b * t * (layers * (10 * h + 2 * i + 2 * heads * t) + 3 * _VOCAB) * _F32
+    rows = min(b, spec.trainer.micro_batch_size or b)  # rows through one forward and backward
+    train = rows * t * (layers * (10 * h + 2 * i + 2 * heads * t) + 3 * _VOCAB) * _F32
     generate = b * t * layers * 2 * h * _F32 + b * _VOCAB * _F32
     eval_size = spec.task.eval_size if spec.task.kind == "addition" else 0
     return {

@@ -185,6 +185,12 @@ class TrainerSpec(_Section):
     grad_clip: float | None = Field(1.0, gt=0, description="Max global gradient norm (null: no clipping).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimiser updates per pass.")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Rows per forward and backward, gradients accumulated into one update (the same update; "
+        "one extra forward without a graph per mini-batch). null: the whole mini-batch at once.",
+    )
     warmup_updates: int = Field(0, ge=0, description="Linear learning-rate warm-up over this many optimiser updates.")
     warmup_ratio: float = Field(
         0.0,
@@ -232,6 +238,7 @@ class TrainerSpec(_Section):
             grad_clip=self.grad_clip,
             ppo_epochs=self.ppo_epochs,
             mini_batches=self.mini_batches,
+            micro_batch_size=self.micro_batch_size,
             warmup_updates=self.warmup,
             decay=self.lr_decay,
             total_updates=self.total_updates,

@@ -8,6 +8,7 @@ import yaml
 
 from pipelines.spec import ExperimentSpec, SpecError, load_spec, spec_from_dict
 from pipelines.spec.files import flatten, spec_hash
+from pipelines.spec.memory import estimate_bytes
 from pipelines.sweeps import load_sweep
 
 SHIPPED = sorted(Path(__file__).resolve().parents[2].joinpath("experiments").glob("*.yaml"))
@@ -72,6 +73,10 @@ def test_the_quickstart_overlaps_rollout_and_training_one_version_stale():
     assert short.trainer.warmup == 0  # the warm-up is a share of the run: a short run keeps a valid schedule
     given = load_spec(quickstart, ["trainer.warmup_updates=10"])
     assert given.trainer.to_optim().warmup_updates == 10  # a count takes precedence over the share
+    assert spec.trainer.to_optim().micro_batch_size is None
+    micro = load_spec(quickstart, ["trainer.micro_batch_size=64"])
+    assert micro.trainer.to_optim().micro_batch_size == 64
+    assert estimate_bytes(micro)["batch"] < estimate_bytes(spec)["batch"]  # one micro-batch's activations
 
 
 def test_the_studies_base_is_async_under_a_staleness_bound_with_a_constant_lr():

@@ -1,6 +1,7 @@
 """A trainer group's update is the one-process update: every registered objective and
 aggregation, at 2 and 4 ranks (gloo, one process each), FSDP2 and DDP, float64 and
-float32, with unequal tokens per rank and a rank whose share of a mini-batch is empty."""
+float32, with unequal tokens per rank, a rank whose share of a mini-batch is empty, and
+micro-batches."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool, bool]] = [
     ("m2po-batch", "m2po", {"m2_threshold": 0.001}, {}, False, False),
     ("m2po-token", "m2po", {"mode": "token", "m2_threshold": 1.5}, {}, False, False),
     ("m2po-trust", "m2po", {"mode": "trust_region", "m2_threshold": 0.0005}, {"mini_batches": 3}, False, False),
+    # micro-batches: each rank splits every micro-batch by tokens too (4 ranks: 2 with nothing)
+    ("m2po-batch-micro", "m2po", {"m2_threshold": 0.001}, {"micro_batch_size": 2}, False, False),
+    ("grpo-dr-micro", "grpo", DR, {"mini_batches": 2, "micro_batch_size": 3}, True, False),
 ]
 
 
