@@ -21,6 +21,7 @@ from asyncrlhf.rollout import HFEngine, VLLMEngine
 from asyncrlhf.training import TrainerWorker
 from asyncrlhf.training.lora import write_adapter
 from pipelines.run.checkpoint_store import CheckpointError, Checkpoints, check_resume, checkpoint_folder, resume_key
+from pipelines.run.layout import check_lora, ray_layout
 from pipelines.run.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals, stop_requested
 from pipelines.spec import ExperimentSpec
 from pipelines.spec.files import SpecError
@@ -160,7 +161,7 @@ def build_runtime(
     seed_everything(spec.seed)
     local = spec.runtime.kind == "local"
     path = _policy_path(spec)
-    _check_lora(spec, path)
+    check_lora(spec, path)
     if spec.runtime.torch_threads is not None and local:
         torch.set_num_threads(spec.runtime.torch_threads)
     if local:
@@ -190,52 +191,13 @@ def build_runtime(
     from asyncrlhf.distributed import RayOrchestrator
 
     engines, trainers = functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path)
-    return RayOrchestrator(engines, trainers, config, _layout(spec))
-
-
-def _check_lora(spec: ExperimentSpec, path: str) -> None:
-    """``model.lora.target_modules`` against the model's module names (built on the meta
-    device: nothing loaded), before any actor or run starts."""
-    if spec.model.lora is None:
-        return
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from asyncrlhf.training.lora import check_targets
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    try:
-        check_targets(model, spec.model.lora.target_modules)
-    except ValueError as err:
-        raise ValueError(f"model.lora.{err}") from None
+    return RayOrchestrator(engines, trainers, config, ray_layout(spec))
 
 
 def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table: Callable[..., None] | None) -> Any:
     from pipelines.tracking.evaltable import table_callback
 
     return None if on_table is None else table_callback(problems, tokenizer, spec.tracking.eval_samples, on_table)
-
-
-def _layout(spec: ExperimentSpec) -> Any:
-    from asyncrlhf.distributed import ActorResources, RayLayout
-    from asyncrlhf.distributed.weights import choose_sync
-    from pipelines.spec.memory import weight_bytes
-
-    runtime = spec.runtime
-
-    def resources(actor: Any) -> ActorResources:
-        return ActorResources(actor.num_cpus, actor.num_gpus, actor.torch_threads or runtime.torch_threads)
-
-    return RayLayout(
-        spec.rollout.workers,
-        resources(runtime.rollout),
-        resources(runtime.trainer),
-        runtime.max_restarts,
-        seed=spec.seed + 1,
-        ranks=runtime.trainer.ranks,
-        placement=runtime.trainer.placement.upper(),
-        weight_sync=choose_sync(runtime.weight_sync, weight_bytes(spec)),
-    )
 
 
 def _actor_engine(spec: ExperimentSpec, path: str, worker: int) -> Any:
