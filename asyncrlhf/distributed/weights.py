@@ -208,11 +208,14 @@ class WeightBroadcasts:
         ray.get(joins, timeout=options["timeout_s"])
         self.sends: list[Any] = []
         self.receives: list[Any] = []
+        self.receivers: dict[Any, int] = {}  # a receive's rollout actor, by its reference
         self.seconds: list[float] = []
 
     def publish(self, version: int) -> None:
         self.sends.append(in_thread(self.trainer.send_weights).remote(version))
-        self.receives.extend(in_thread(a.receive_weights).remote(version) for a in self.actors)
+        refs = [in_thread(a.receive_weights).remote(version) for a in self.actors]
+        self.receives.extend(refs)
+        self.receivers.update({ref: i for i, ref in enumerate(refs)})
 
     def check(self) -> None:
         """Raise the error of a broadcast that failed (a member gone, the timeout)."""
@@ -222,9 +225,22 @@ class WeightBroadcasts:
             if refs:
                 done, rest = ray.wait(refs, num_returns=len(refs), timeout=0)
                 refs[:] = rest
-                values = ray.get(done)
+                values = [self._value(ref) for ref in done]
                 if keep:
                     self.seconds.extend(values)
+
+    def _value(self, ref: Any) -> Any:
+        import ray
+
+        index = self.receivers.pop(ref, None)
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as error:
+            who = f"rollout-{index}" if index is not None else "trainer rank 0"
+            raise RuntimeError(
+                f"{who} died; with runtime.weight_sync 'collective' its group cannot take a restarted process: "
+                "the run stops here and resumes from its last checkpoint"
+            ) from error
 
     def summary(self) -> dict[str, float]:
         self.check()
