@@ -20,7 +20,6 @@ on one timeline.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -161,12 +160,9 @@ class TrainerActor:
 
     def weights_endpoint(self) -> tuple[str, int, Layout]:
         """Where this (rank 0's) node hosts the weights group, and the weights' layout."""
-        import ray
+        from asyncrlhf.distributed.resources import node_endpoint
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port, self.trainer.weights_layout()
+        return *node_endpoint(), self.trainer.weights_layout()
 
     def join_weights(self, host: str, port: int, world: int, layout: Layout, options: dict[str, Any]) -> None:
         self.channel = WeightChannel(host, port, 0, world, layout, **options)

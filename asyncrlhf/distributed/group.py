@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrlhf.distributed.actors import TrainerActor
-from asyncrlhf.distributed.resources import ActorResources
+from asyncrlhf.distributed.resources import ActorResources, node_endpoint
 from asyncrlhf.orchestration.runtime import RunConfig
 
 __all__ = ["TrainerGroup", "TrainerRank"]
@@ -47,10 +46,8 @@ class TrainerRank(TrainerActor):
 
     def address(self) -> str:
         """``host:port`` for the group's rendezvous, on this (rank 0's) node."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+        host, port = node_endpoint()
+        return f"{host}:{port}"
 
     def join(self, address: str, backend: str, timeout_s: float) -> dict[str, Any]:
         """Join the process group at ``address``, then build the trainer; where this rank runs."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import ray
 
-__all__ = ["ActorResources", "RayLayout", "check_capacity"]
+__all__ = ["ActorResources", "RayLayout", "check_capacity", "node_endpoint"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +79,13 @@ def _check_totals(workers: int, rollout: ActorResources, trainer: ActorResources
                 f"the run needs {need:g} {resource}s ({workers} rollout workers × {per_rollout:g} + {ranks} trainer "
                 f"rank{'s' if ranks > 1 else ''} × {per_trainer:g}) but the Ray cluster has {have:g}"
             )
+
+
+def node_endpoint() -> tuple[str, int]:
+    """This node's address and a port free on it now, for a group's rendezvous hosted here."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port

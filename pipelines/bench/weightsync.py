@@ -32,16 +32,10 @@ class _Member:
         self.channel: Any = None
 
     def endpoint(self) -> tuple[str, int, Any]:
-        import socket
-
-        import ray
-
+        from asyncrlhf.distributed.resources import node_endpoint
         from asyncrlhf.distributed.weights import layout_of
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port, layout_of(self.state)
+        return *node_endpoint(), layout_of(self.state)
 
     def join(self, host: str, port: int, rank: int, world: int, layout: Any) -> None:
         from asyncrlhf.distributed.weights import WeightChannel
