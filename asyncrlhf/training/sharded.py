@@ -16,7 +16,8 @@ registered objective and aggregation, at 2 and 4 ranks with unequal tokens per r
 Every rank must take part in every forward and backward (FSDP2 gathers each layer's
 parameters then): a rank whose share of a mini-batch is empty runs one row with a zero
 weight. Weights for rollout engines and the held-out evaluation are gathered whole on
-rank 0 (the other ranks take part and get nothing); checkpoints are sharded, with
+rank 0 (the other ranks take part and get nothing) and held only until the next step,
+so between publications every rank holds its shards only; checkpoints are sharded, with
 ``torch.distributed.checkpoint``, and load onto any number of ranks.
 """
 
@@ -105,12 +106,25 @@ class ShardedTrainer(TrainerWorker):
         self.rank, self.world, self.parallel = dist.get_rank(), dist.get_world_size(), parallel
         device = kwargs.get("device")
         model = model.to(device) if device is not None else model
-        # rank 0 keeps a whole copy to generate with (evaluation) and to load gathered weights into
-        self._whole = copy.deepcopy(model).eval().requires_grad_(False) if self.rank == 0 else None
+        self._layout = [(k, tuple(v.shape), v.dtype) for k, v in model.state_dict().items()]
+        # rank 0 keeps the model's structure without its weights (on the meta device): the
+        # gathered weights go into it to evaluate with, and leave it at the next step
+        self._whole = _skeleton(model) if self.rank == 0 else None
         super().__init__(wrap(model, parallel), *args, **kwargs)
         if self.ref_model is not None:
             self.ref_model = wrap(self.ref_model, parallel, trainable=False)
         self._gathered: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def step(self, experiences: Any) -> dict[str, float]:
+        self._release()
+        return super().step(experiences)
+
+    def _release(self) -> None:
+        """Drop the gathered weights (rank 0's whole copy): a step changes them, and
+        between publications a rank holds its shards only."""
+        self._gathered = None
+        if self._whole is not None:
+            _empty(self._whole)
 
     # ------------------------------------------------------ the split batch
     def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
@@ -146,7 +160,10 @@ class ShardedTrainer(TrainerWorker):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The whole weights on rank 0 (gathered once per version), ``{}`` elsewhere."""
         if self._gathered is None or self._gathered[0] != self.version:
-            self._gathered = (self.version, get_model_state_dict(self.model, options=_WHOLE))
+            state = get_model_state_dict(self.model, options=_WHOLE)
+            if self.parallel == "ddp":  # the replica's own tensors, not a gather: copy them
+                state = {k: v.detach().clone() for k, v in state.items()}
+            self._gathered = (self.version, state)
         return self._gathered[1] if self.rank == 0 else {}
 
     def checksum(self) -> str:
@@ -154,15 +171,16 @@ class ShardedTrainer(TrainerWorker):
         return weights_checksum(state) if self.rank == 0 else ""
 
     def weights_layout(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        """Rank 0's (its whole copy's), without a gather."""
-        whole = self._whole.state_dict() if self._whole is not None else {}
-        return [(k, tuple(v.shape), v.dtype) for k, v in whole.items()]
+        """The whole weights' (taken before sharding), without a gather."""
+        return list(self._layout) if self.rank == 0 else []
 
     def inference_model(self) -> Any:
+        """Rank 0: the whole model (the gathered weights in the kept structure, until the
+        next step); the other ranks take part in the gather and get None."""
         state = self.state_dict()
         if self._whole is None:
             return None
-        # assign: the whole copy takes the gathered tensors themselves, so rank 0 holds the
+        # assign: the structure takes the gathered tensors themselves, so rank 0 holds the
         # weights once (not a copy beside the gather)
         self._whole.load_state_dict(state, assign=True)
         return self._whole
@@ -201,6 +219,30 @@ class ShardedTrainer(TrainerWorker):
         """Read what :meth:`save_sharded` wrote, by any number of ranks."""
         load_shards(self.model, self.optimizer, folder)
         self._gathered = None
+
+
+def _skeleton(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters and saved buffers are on the meta device (no
+    storage; none is copied: they are swapped in the deep copy's memo), frozen, in eval
+    mode. Unsaved buffers (rotary frequencies) are copied, as no state dict brings them."""
+    saved = model.state_dict(keep_vars=True)
+    memo = {id(t): _meta(t) for t in saved.values()}
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    empty = torch.empty_like(t, device="meta")
+    return torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
+
+
+def _empty(model: torch.nn.Module) -> None:
+    """Put ``model``'s saved tensors back on the meta device, freeing what they held."""
+    for name, t in model.state_dict(keep_vars=True).items():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        slots = module._parameters if leaf in module._parameters else module._buffers
+        if not t.is_meta:
+            slots[leaf] = _meta(t)
 
 
 def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:

@@ -33,7 +33,7 @@ def weight_sync_case(params: dict[str, Any]) -> list[Any]:
 
 def sharded_case(params: dict[str, Any]) -> list[Any]:
     """Per-rank memory of a 2-rank FSDP2 trainer against one process (about 50M
-    parameters); the largest rank's ratio, so rank 0's whole copy of the weights counts."""
+    parameters); the largest rank's ratio, so rank 0's gathered copy of the weights counts."""
     from pipelines.bench import sharded
     from pipelines.bench.cases import TARGETS, Figure
 

@@ -1,10 +1,11 @@
 """Per-rank memory of a trainer group against one trainer process, for a model of about
 50M parameters: N gloo ranks (one process each) build the model, train two steps on the
-same batch and publish (gather) the weights; each reports its resident memory through
-the training phase (the largest of the samples after each step and after the gather)
-less its memory before the model was built (the interpreter, torch), so the figure is
-what the training state (weights, gradients, AdamW's moments, activations, rank 0's
-gathered copy) takes on that rank.
+same batch three times, publishing (gathering) the weights after the second; each reports
+its resident memory less its memory before the model was built (the interpreter,
+torch) in two phases: training (the largest of the samples after each step, the third
+included: a publication's gather must not outlive it) and publishing (with the gathered
+weights and rank 0's whole model), so the figures are what the training state (weights,
+gradients, AdamW's moments, activations) and a publication take on that rank.
 """
 
 from __future__ import annotations
@@ -66,16 +67,18 @@ def _rank(rank: int, world: int, port: int, parallel: str, queue: Any, lora: boo
         cls, extra = (ShardedTrainer, {"parallel": parallel}) if world > 1 else (TrainerWorker, {})
         trainer = cls(model, tokenizer.pad_token_id, "ppo", {}, OptimConfig(lr=1e-5), seed=0, **extra)
         del model
-        batch, training = _batch(tokenizer), []
-        for _ in range(2):
+        batch, training, seconds = _batch(tokenizer), [], []
+        for step in range(3):
             start = time.perf_counter()
-            trainer.step(batch)
-            seconds = time.perf_counter() - start  # the second step's: the first allocates the moments
+            trainer.step(batch)  # the third frees the second's publication
+            seconds.append(time.perf_counter() - start)
             training.append(_rss())
-        state = trainer.state_dict()  # the publication's gather
-        whole = trainer.inference_model()  # rank 0's whole model, to evaluate with
-        publishing = _rss()
-        del state, whole
+            if step == 1:
+                state = trainer.state_dict()  # the publication's gather
+                whole = trainer.inference_model()  # rank 0's whole model, to evaluate with
+                publishing = _rss()
+                del state, whole
+        seconds = seconds[1]  # the second step's: the first allocates the moments
         queue.put((rank, max(training) - before, publishing - before, parameters, seconds))
         queue.close()
         queue.join_thread()  # the feeder thread has written it before os._exit

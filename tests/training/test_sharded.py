@@ -125,6 +125,7 @@ def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, o
             trainer = _trainer(ShardedTrainer, copy.deepcopy(model), tokenizer, case, parallel=parallel)
             metrics = [trainer.step(batch) for _ in range(_steps(dtype))]
             results[case[0]] = (metrics, trainer.state_dict(), _grads(trainer.model))
+        results["whole"] = _whole_model_use(trainer, tokenizer, batch)
         if rank == 0:
             torch.save(results, out)
         dist.barrier()  # no rank tears down while another still talks to it
@@ -134,6 +135,25 @@ def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, o
     # runs here, idle or loaded) a rank aborted after its work with gloo's "terminate
     # called without an active exception", a thread still joinable at exit
     os._exit(0)
+
+
+def _whole_model_use(trainer: Any, tokenizer: Any, batch: list[Experience]) -> dict[str, Any]:
+    """Rank 0's whole model (the last case's): its layout, its greedy responses, and
+    whether the next step freed it (its tensors back on the meta device)."""
+    whole = trainer.inference_model()
+    out: dict[str, Any] = {"layout": trainer.weights_layout()}
+    if whole is not None:
+        out["greedy"] = _greedy(whole, tokenizer)
+    trainer.step(batch)
+    if whole is not None:
+        out["freed"] = all(t.is_meta for t in whole.state_dict().values())
+    return out
+
+
+def _greedy(model: Any, tokenizer: Any) -> list[list[int]]:
+    sampling = Sampling(max_new_tokens=8, temperature=0.0)
+    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, sampling, copy=False)
+    return [s.response_ids.tolist() for s in engine.generate(PROMPTS)]
 
 
 def _grads(model: Any) -> dict[str, torch.Tensor]:
@@ -214,6 +234,12 @@ def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, to
                 torch.testing.assert_close(
                     ours[key], value, atol=atol, rtol=tol, msg=lambda m, label=label: f"{label}: {m}"
                 )
+    # Rank 0 evaluates with the gathered weights in a structure that holds none between
+    # publications: the layout is the one process's, the greedy responses too
+    whole = group["whole"]
+    assert whole["layout"] == [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
+    assert whole["greedy"] == _greedy(trainer.model, tokenizer)
+    assert whole["freed"]
 
 
 def test_a_sharded_trainer_needs_a_process_group():
