@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,3 +39,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def spawn_ranks(target: Callable[..., None], world: int, *args: Any) -> None:
+    """Run ``target(rank, world, *args)`` in ``world`` spawned processes (the ranks of a
+    ``torch.distributed`` group); each must exit 0 within 300 s."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=target, args=(r, world, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=300)
+        codes = [p.exitcode for p in procs]
+        assert codes == [0] * world, f"rank exit codes {codes}"
+    finally:
+        for p in procs:
+            p.kill()

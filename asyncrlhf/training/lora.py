@@ -24,6 +24,7 @@ __all__ = [
     "check_targets",
     "is_lora",
     "load_adapter_state",
+    "merge_state",
     "merged_state_dict",
     "write_adapter",
 ]
@@ -75,27 +76,44 @@ def is_lora(model: Any) -> bool:
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The base model's state dict with every adapter merged, copied, under the base's names."""
+    return merge_state(model, model.state_dict(), copy=True)
+
+
+def merge_state(model: Any, state: dict[str, torch.Tensor], copy: bool = False) -> dict[str, torch.Tensor]:
+    """``state`` (the peft ``model``'s own state dict, or one gathered whole from its
+    shards) under the base model's names, each adapted weight ``W + (alpha / r) · B A``
+    out of place; the other tensors are ``state``'s own unless ``copy``."""
     from peft.tuners.lora import LoraLayer
 
-    base = model.get_base_model()
-    out: dict[str, torch.Tensor] = {}
+    prefix = "base_model.model."
+    merged: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, tensor in base.state_dict().items():
+        for name, module in model.named_modules():
+            if not isinstance(module, LoraLayer) or module.merged:
+                continue
+            weight = state[f"{name}.base_layer.weight"]
+            for adapter in module.active_adapters:
+                a, b = state[f"{name}.lora_A.{adapter}.weight"], state[f"{name}.lora_B.{adapter}.weight"]
+                delta = (b @ a) * module.scaling[adapter]
+                weight = weight + (delta.T if module.fan_in_fan_out else delta).to(weight.dtype)
+            merged[f"{name}.weight"] = weight
+        out = {}
+        for name, tensor in state.items():
             if "lora_" in name:
                 continue
-            out[name.replace(".base_layer.", ".")] = tensor.detach().clone()
-        for name, module in base.named_modules():
-            if isinstance(module, LoraLayer) and not module.merged:
-                for adapter in module.active_adapters:
-                    out[f"{name}.weight"] += module.get_delta_weight(adapter).to(out[f"{name}.weight"].dtype)
+            name = name.replace(".base_layer.", ".")
+            if name not in merged:
+                merged[name] = tensor.detach().clone() if copy else tensor
+            out[name.removeprefix(prefix)] = merged[name]
     return out
 
 
-def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """The adapters' weights alone (what a checkpoint keeps)."""
+def adapter_state_dict(model: Any, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapters' weights alone (what a checkpoint keeps), from ``model`` or from
+    ``state``, its state dict gathered whole."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, state_dict=state).items()}
 
 
 def load_adapter_state(model: Any, state: dict[str, torch.Tensor]) -> None:

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
+from asyncrlhf.training.lora import adapter_state_dict, is_lora, merge_state
 from asyncrlhf.training.trainer import TrainerWorker, _select
 from asyncrlhf.types import ExperienceBatch
 
@@ -63,7 +64,8 @@ def shard_rows(tokens: list[int], world: int) -> list[list[int]]:
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks FSDP2 shards one by one (``model.model.layers`` of a
     ``transformers`` causal LM); none found: the model is sharded whole."""
-    inner = getattr(model, "model", model)
+    inner = model.get_base_model() if is_lora(model) else model
+    inner = getattr(inner, "model", inner)
     layers = getattr(inner, "layers", None)
     return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
 
@@ -106,14 +108,19 @@ class ShardedTrainer(TrainerWorker):
         self.rank, self.world, self.parallel = dist.get_rank(), dist.get_world_size(), parallel
         device = kwargs.get("device")
         model = model.to(device) if device is not None else model
-        self._layout = [(k, tuple(v.shape), v.dtype) for k, v in model.state_dict().items()]
+        self.lora = is_lora(model)
+        own = model.state_dict()
+        published = merge_state(model, own) if self.lora else own
+        self._layout = [(k, tuple(v.shape), v.dtype) for k, v in published.items()]
+        del own, published
         # rank 0 keeps the model's structure without its weights (on the meta device): the
         # gathered weights go into it to evaluate with, and leave it at the next step
         self._whole = _skeleton(model) if self.rank == 0 else None
         super().__init__(wrap(model, parallel), *args, **kwargs)
         if self.ref_model is not None:
             self.ref_model = wrap(self.ref_model, parallel, trainable=False)
-        self._gathered: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._peft = model  # the model itself (unwrapped): its LoRA layers' scaling, its peft config
+        self._gathered: tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
 
     def step(self, experiences: Any) -> dict[str, float]:
         self._release()
@@ -157,14 +164,31 @@ class ShardedTrainer(TrainerWorker):
         return float(full() if full is not None else norm)
 
     # ------------------------------------------------------------- weights
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole weights on rank 0 (gathered once per version), ``{}`` elsewhere."""
+    def _gather(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Once per version: the whole weights under the model's own names and as
+        published (with LoRA: the base model's, adapters merged), on rank 0."""
         if self._gathered is None or self._gathered[0] != self.version:
             state = get_model_state_dict(self.model, options=_WHOLE)
             if self.parallel == "ddp":  # the replica's own tensors, not a gather: copy them
                 state = {k: v.detach().clone() for k, v in state.items()}
-            self._gathered = (self.version, state)
-        return self._gathered[1] if self.rank == 0 else {}
+            published = merge_state(self._peft, state) if self.lora and self.rank == 0 else state
+            self._gathered = (self.version, state, published)
+        return self._gathered[1], self._gathered[2]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The published weights on rank 0 (gathered once per version), ``{}`` elsewhere."""
+        published = self._gather()[1]  # every rank takes part in the gather
+        return published if self.rank == 0 else {}
+
+    def adapter(self) -> dict[str, Any] | None:
+        """With LoRA, on rank 0: the peft config and the adapters' weights (gathered)."""
+        if not self.lora:
+            return None
+        own = self._gather()[0]
+        if self.rank != 0:
+            return None
+        config = self._peft.peft_config["default"].to_dict()
+        return {"config": config, "weights": adapter_state_dict(self._peft, own)}
 
     def checksum(self) -> str:
         state = self.state_dict()
@@ -177,12 +201,12 @@ class ShardedTrainer(TrainerWorker):
     def inference_model(self) -> Any:
         """Rank 0: the whole model (the gathered weights in the kept structure, until the
         next step); the other ranks take part in the gather and get None."""
-        state = self.state_dict()
+        own = self._gather()[0]
         if self._whole is None:
             return None
         # assign: the structure takes the gathered tensors themselves, so rank 0 holds the
-        # weights once (not a copy beside the gather)
-        self._whole.load_state_dict(state, assign=True)
+        # weights once (not a copy beside the gather); with LoRA its adapters are live
+        self._whole.load_state_dict(own, assign=True)
         return self._whole
 
     # --------------------------------------------------------- checkpoints
@@ -199,6 +223,11 @@ class ShardedTrainer(TrainerWorker):
         :meth:`TrainerWorker.state` (with its whole model and optimiser: each rank keeps
         its shards of them)."""
         if "model" in state:
+            if self.lora:
+                raise ValueError(
+                    "a one-process LoRA checkpoint does not resume onto a trainer group: "
+                    "resume it with runtime.trainer.ranks=1"
+                )
             optim = _optimizer_by_name(self.optimizer, state["optimizer"], self._names())
             options = StateDictOptions(full_state_dict=True)
             set_state_dict(
@@ -211,8 +240,9 @@ class ShardedTrainer(TrainerWorker):
         return {p: name.removeprefix("module.") for name, p in self.model.named_parameters()}
 
     def save_sharded(self, folder: str | Path) -> None:
-        """Each rank writes its shards of the model and the optimiser into ``folder``."""
-        model, optim = get_state_dict(self.model, self.optimizer)
+        """Each rank writes its shards of the model and the optimiser into ``folder`` (with
+        LoRA: of the adapters alone; the frozen base comes from the start checkpoint)."""
+        model, optim = get_state_dict(self.model, self.optimizer, options=_trained(self.model))
         dcp.save({"model": model, "optimizer": optim}, checkpoint_id=str(folder))
 
     def load_sharded(self, folder: str | Path) -> None:
@@ -249,10 +279,19 @@ def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:
     """Load what :meth:`ShardedTrainer.save_sharded` wrote into ``model`` and
     ``optimizer``: the shards of any number of ranks resharded onto this group, or read
     whole by one process without a group (a group's run resumed by one trainer)."""
-    model_state, optim = get_state_dict(model, optimizer)
+    options = _trained(model)
+    model_state, optim = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optim}
     dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
+    )
+
+
+def _trained(model: Any) -> StateDictOptions:
+    """What a checkpoint holds: every weight, or with LoRA the trained ones alone."""
+    lora = is_lora(getattr(model, "module", model))
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else StateDictOptions()
 
 
 def _optimizer_by_name(optimizer: Any, plain: dict[str, Any], names: dict[Any, str]) -> dict[str, Any]:

@@ -213,9 +213,11 @@ def _check_checkpointed_spec(
 
 
 def may_change_on_resume(key: str) -> bool:
-    """A spec field a resumed run may change: its length, where it is tracked, and how
-    the trainer is laid out (its shards are resharded onto the new ranks)."""
-    return key == "trainer.steps" or key.startswith(("tracking.", "runtime.trainer."))
+    """A spec field a resumed run may change: its length, where it is tracked, how the
+    trainer is laid out (its shards are resharded onto the new ranks) and the cluster it
+    runs on (more ranks may need more CPUs)."""
+    cluster = ("runtime.address", "runtime.num_cpus", "runtime.num_gpus")
+    return key == "trainer.steps" or key in cluster or key.startswith(("tracking.", "runtime.trainer."))
 
 
 def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Checkpoints:
@@ -252,8 +254,14 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
     ]
     if changed:
         raise SpecError(
-            f"--resume {run_id}: only trainer.steps and runtime.trainer (ranks, parallel, placement, resources) "
-            f"may change, but {', '.join(changed)}"
+            f"--resume {run_id}: only trainer.steps, runtime.trainer (ranks, parallel, placement, resources) "
+            f"and the cluster (runtime.address, num_cpus, num_gpus) may change, but {', '.join(changed)}"
+        )
+    ranks = (int(before.get("runtime.trainer.ranks", "1")), spec.runtime.trainer.ranks)  # flattened: strings
+    if spec.model.lora is not None and ranks[0] == 1 and ranks[1] > 1:
+        raise SpecError(
+            f"--resume {run_id}: runtime.trainer.ranks={ranks[1]}: a one-process LoRA checkpoint does not "
+            "resume onto a trainer group (a group's resumes onto any number of ranks): keep ranks=1"
         )
     store = Checkpoints(checkpoint_folder(uri, run_id), spec.trainer.keep_checkpoints)
     steps = store.steps()

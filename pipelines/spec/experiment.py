@@ -130,7 +130,7 @@ class ExperimentSpec(_Section):
                 f"orchestrator.publish_every={orch.publish_every} > buffer.max_staleness + 1 = {longest}: "
                 "the rollout worker could never get fresh enough weights"
             )
-        _check_runtime(self.runtime, self.rollout.workers, self.model.lora)
+        _check_runtime(self.runtime, self.rollout.workers)
         if self.rollout.engine == "vllm" and self.model.kind != "pretrained":
             raise ValueError("rollout.engine 'vllm' needs model.kind 'pretrained' (a directory vLLM can load)")
         return self
@@ -171,14 +171,12 @@ def spec_from_dict(data: dict[str, Any], source: str = "spec") -> ExperimentSpec
         raise SpecError(f"{source}: {format_validation_error(err, data)}") from None
 
 
-def _check_runtime(runtime: Any, workers: int, spec_lora: Any = None) -> None:
+def _check_runtime(runtime: Any, workers: int) -> None:
     """What the runtime can run: more than one worker or rank needs Ray; a local cluster
     (one node, runtime.num_cpus) must hold every actor."""
     ranks = runtime.trainer.ranks
     if runtime.kind == "local" and workers > 1:
         raise ValueError(f"rollout.workers={workers} needs runtime.kind 'ray' (the local runtime runs one)")
-    if ranks > 1 and spec_lora:
-        raise ValueError(f"model.lora with runtime.trainer.ranks={ranks}: a LoRA trainer runs as one rank for now")
     if runtime.kind == "local" and ranks > 1:
         raise ValueError(f"runtime.trainer.ranks={ranks} needs runtime.kind 'ray' (the local runtime trains in one)")
     if runtime.kind != "ray" or runtime.address is not None:

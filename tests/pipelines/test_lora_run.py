@@ -4,6 +4,8 @@ trainer's checkpoint holds the adapters alone, the run's policy is the merged ba
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from asyncrlhf.models import weights_checksum
@@ -57,3 +59,32 @@ def test_a_tracked_lora_run_logs_the_merged_policy_and_the_adapter_peft_loads(st
     ids = torch.tensor([[1, 5, 7, 9, 11]])
     torch.testing.assert_close(adapted(input_ids=ids).logits, policy(ids).logits, rtol=0, atol=1e-5)
     assert not torch.equal(start(ids).logits, policy(ids).logits)  # it trained
+
+
+def test_a_one_process_lora_run_resumed_onto_a_trainer_group_exits_2_in_one_line(store):
+    """A one-process LoRA checkpoint holds the adapters under peft's names, not a group's
+    shards: ``--resume`` refuses to split it onto ranks before anything starts."""
+    from mlflow import MlflowClient
+
+    from tests.pipelines.conftest import cli, env
+
+    spec = str(REPO / "experiments" / "quickstart.yaml")
+    sets = ["model.lora.r=8", "runtime.kind=ray", "runtime.num_cpus=2", "trainer.steps=2", "trainer.batch_size=64"]
+    sets += ["task.eval_size=20", "orchestrator.eval_every=2"]
+    args = [arg for s in sets for arg in ("--set", s)]
+    first = subprocess.run([*cli(), "run", spec, *args], capture_output=True, text=True, env=env(), timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id])
+    more = ["--set", "trainer.steps=4", "--set", "runtime.trainer.ranks=2", "--set", "runtime.num_cpus=3"]
+    done = subprocess.run(
+        [*cli(), "run", spec, "--resume", run.info.run_id, *args, *more],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "runtime.trainer.ranks=2: a one-process LoRA checkpoint does not resume onto a trainer group" in lines[0]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"  # not reopened

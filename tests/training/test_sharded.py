@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import multiprocessing
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from asyncrlhf.rollout import HFEngine, Sampling
 from asyncrlhf.training import OptimConfig, TrainerWorker
 from asyncrlhf.training.sharded import shard_rows
 from asyncrlhf.types import Experience
-from tests.helpers import even_first_token, free_port
+from tests.helpers import even_first_token, free_port, spawn_ranks
 
 TWO_LAYERS = TinyModelConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=40
@@ -176,19 +175,8 @@ def _steps(dtype: torch.dtype) -> int:
 
 
 def _group(world: int, parallel: str, dtype: torch.dtype, tmp_path: Path) -> dict[str, Any]:
-    out, port = str(tmp_path / f"{world}-{parallel}.pt"), free_port()
-    context = multiprocessing.get_context("spawn")
-    procs = [context.Process(target=_rank, args=(r, world, port, parallel, dtype, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=300)
-        codes = [p.exitcode for p in procs]
-        assert codes == [0] * world, f"rank exit codes {codes}"
-    finally:
-        for p in procs:
-            p.kill()
+    out = str(tmp_path / f"{world}-{parallel}.pt")
+    spawn_ranks(_rank, world, free_port(), parallel, dtype, out)
     return torch.load(out, weights_only=False)
 
 
