@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite: the README's test command.
+# Set up (idempotent) and run the whole test suite: the README's test command. Given no
+# arguments it then runs the vLLM tests in their own venv (scripts/test-vllm.sh; set
+# ASYNCRLHF_SKIP_VLLM=1 to leave them out); with arguments it runs pytest on them alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+.venv/bin/python -m pytest
+if [ -z "${ASYNCRLHF_SKIP_VLLM:-}" ]; then
+    bash scripts/test-vllm.sh
+fi

@@ -2,7 +2,14 @@
 (:mod:`.warmstart`), the shipped start checkpoint, caching and loading (:mod:`.policies`),
 and the numerics rollout and training share (:mod:`.ops`)."""
 
-from asyncrlhf.models.ops import cache_argument, gather_cache_rows, token_logprobs, weights_checksum
+from asyncrlhf.models.ops import (
+    cache_argument,
+    drop_weights,
+    gather_cache_rows,
+    token_logprobs,
+    weightless_copy,
+    weights_checksum,
+)
 from asyncrlhf.models.policies import (
     SHIPPED_POLICY,
     build_policy,
@@ -24,6 +31,7 @@ __all__ = [
     "build_tiny_model",
     "cache_argument",
     "cache_dir",
+    "drop_weights",
     "fit_answers",
     "gather_cache_rows",
     "load_pretrained",
@@ -32,5 +40,6 @@ __all__ = [
     "shipped_policy",
     "token_logprobs",
     "warm_start",
+    "weightless_copy",
     "weights_checksum",
 ]

@@ -1,9 +1,11 @@
 """Shared numerics: :func:`token_logprobs` is the one definition of "log-prob of a token
 under temperature T" that the rollout engine and the trainer both use (so on-policy
-ratios are exactly 1); KV-cache row gathering; weight checksums."""
+ratios are exactly 1); KV-cache row gathering; weight checksums; a model's structure
+without its weights, to fill with weights held elsewhere."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
@@ -12,7 +14,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["cache_argument", "gather_cache_rows", "token_logprobs", "weights_checksum"]
+__all__ = [
+    "cache_argument",
+    "drop_weights",
+    "gather_cache_rows",
+    "token_logprobs",
+    "weightless_copy",
+    "weights_checksum",
+]
 
 
 def cache_argument(model: Any) -> str:
@@ -92,3 +101,27 @@ def weights_checksum(weights: Any) -> str:
         digest.update(str(tensor.dtype).encode())
         digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")  # the buffer itself, no copy
     return digest.hexdigest()
+
+
+def weightless_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters and saved buffers are on the meta device (no
+    storage; none is copied: they are swapped in the deep copy's memo), frozen, in eval
+    mode. Unsaved buffers (rotary frequencies) are copied, as no state dict brings them."""
+    saved = model.state_dict(keep_vars=True)
+    memo = {id(t): _meta(t) for t in saved.values()}
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    empty = torch.empty_like(t, device="meta")
+    return torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
+
+
+def drop_weights(model: torch.nn.Module) -> None:
+    """Put ``model``'s saved tensors back on the meta device, freeing what they held."""
+    for name, t in model.state_dict(keep_vars=True).items():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        slots = module._parameters if leaf in module._parameters else module._buffers
+        if not t.is_meta:
+            slots[leaf] = _meta(t)

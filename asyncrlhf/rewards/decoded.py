@@ -110,7 +110,9 @@ class DecodedReward:
         rows = [row[: row.index(eos_token_id)] if eos_token_id in row else row for row in ids.tolist()]
         responses = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
         token_answers = [i for i, a in enumerate(answers) if isinstance(a, torch.Tensor)]
-        decoded = self.tokenizer.batch_decode([answers[i].tolist() for i in token_answers], skip_special_tokens=True)
+        # none to decode: no call (transformers < 5.20 decodes an empty list to [''])
+        tokens = [answers[i].tolist() for i in token_answers]
+        decoded = self.tokenizer.batch_decode(tokens, skip_special_tokens=True) if tokens else []
         references = list(answers)
         for i, text in zip(token_answers, decoded, strict=True):
             references[i] = text

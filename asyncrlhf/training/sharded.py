@@ -23,7 +23,6 @@ so between publications every rank holds its shards only; checkpoints are sharde
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from asyncrlhf.models import weights_checksum
+from asyncrlhf.models import drop_weights, weightless_copy, weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, merge_state
 from asyncrlhf.training.trainer import TrainerWorker, _select
@@ -115,7 +114,7 @@ class ShardedTrainer(TrainerWorker):
         del own, published
         # rank 0 keeps the model's structure without its weights (on the meta device): the
         # gathered weights go into it to evaluate with, and leave it at the next step
-        self._whole = _skeleton(model) if self.rank == 0 else None
+        self._whole = weightless_copy(model) if self.rank == 0 else None
         super().__init__(wrap(model, parallel), *args, **kwargs)
         if self.ref_model is not None:
             self.ref_model = wrap(self.ref_model, parallel, trainable=False)
@@ -131,7 +130,7 @@ class ShardedTrainer(TrainerWorker):
         between publications a rank holds its shards only."""
         self._gathered = None
         if self._whole is not None:
-            _empty(self._whole)
+            drop_weights(self._whole)
 
     # ------------------------------------------------------ the split batch
     def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
@@ -249,30 +248,6 @@ class ShardedTrainer(TrainerWorker):
         """Read what :meth:`save_sharded` wrote, by any number of ranks."""
         load_shards(self.model, self.optimizer, folder)
         self._gathered = None
-
-
-def _skeleton(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` whose parameters and saved buffers are on the meta device (no
-    storage; none is copied: they are swapped in the deep copy's memo), frozen, in eval
-    mode. Unsaved buffers (rotary frequencies) are copied, as no state dict brings them."""
-    saved = model.state_dict(keep_vars=True)
-    memo = {id(t): _meta(t) for t in saved.values()}
-    return copy.deepcopy(model, memo).eval().requires_grad_(False)
-
-
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    empty = torch.empty_like(t, device="meta")
-    return torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
-
-
-def _empty(model: torch.nn.Module) -> None:
-    """Put ``model``'s saved tensors back on the meta device, freeing what they held."""
-    for name, t in model.state_dict(keep_vars=True).items():
-        owner, _, leaf = name.rpartition(".")
-        module = model.get_submodule(owner)
-        slots = module._parameters if leaf in module._parameters else module._buffers
-        if not t.is_meta:
-            slots[leaf] = _meta(t)
 
 
 def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:

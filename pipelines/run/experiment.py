@@ -131,7 +131,7 @@ def _engine(
     """The rollout engine; HF engines copy ``model`` unless told it is theirs alone."""
     rollout, seed = spec.rollout, spec.seed + 1 + worker  # each worker its own sampling stream
     if rollout.engine == "vllm":
-        return VLLMEngine(path, rollout.to_sampling(), seed=seed)
+        return VLLMEngine(path, rollout.to_sampling(), seed=seed, **rollout.vllm)
     return HFEngine(
         model,
         tokenizer.eos_token_id,

