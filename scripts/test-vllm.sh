@@ -4,9 +4,11 @@
 # Where vLLM cannot be installed they are not run, and this says why (exit 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if ! bash scripts/setup-vllm.sh > .venv-vllm.log 2>&1; then
-    echo "vLLM could not be installed here, so its tests did not run (see .venv-vllm.log):"
-    tail -n 5 .venv-vllm.log
+log=.venv-vllm/setup.log
+mkdir -p .venv-vllm
+if ! bash scripts/setup-vllm.sh > "$log" 2>&1; then
+    echo "vLLM could not be installed here, so its tests did not run (see $log):"
+    tail -n 5 "$log"
     exit 0
 fi
 exec .venv-vllm/bin/python -m pytest tests/rollout/test_vllm.py tests/pipelines/test_vllm_run.py "$@"
