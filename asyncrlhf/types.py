@@ -3,6 +3,9 @@
 An :class:`Experience` is one sampled completion: prompt tokens, response tokens, the
 behaviour policy's log-probs of those response tokens, its scalar reward, and the
 policy version that generated it (so buffers and losses can reason about staleness).
+With in-flight weight updates a response's tokens may come from several versions: each
+token's version is kept, and ``policy_version`` is the oldest of them, which is what
+bounds a sequence's staleness.
 
 :func:`collate` packs a list of experiences into one :class:`ExperienceBatch`:
 
@@ -37,11 +40,14 @@ class Experience:
         logprobs: Tensor[R], float32 behaviour log-probs of ``response_ids`` under the
             distribution actually sampled from.
         reward: scalar reward of the response.
-        policy_version: version of the policy that generated the response.
+        policy_version: version of the policy that generated the response; with tokens
+            from several versions (in-flight weight updates), the oldest of them.
         prompt_id: key of the prompt; the GRPO group key.
         advantage: filled by a group-aware buffer (or the trainer) when known.
         reward_flags: per-experience counts a reward reported (a decoded reward's
             ``{"timeouts": 0.0, "errors": 1.0}``); summed per step as ``reward/<key>``.
+        token_versions: LongTensor[R], the version that sampled each response token
+            (None: every token is ``policy_version``'s); its minimum is ``policy_version``.
     """
 
     prompt_ids: torch.Tensor
@@ -52,6 +58,7 @@ class Experience:
     prompt_id: Hashable
     advantage: float | None = None
     reward_flags: dict[str, float] = field(default_factory=dict)
+    token_versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt_ids", "response_ids", "logprobs"):
@@ -67,6 +74,8 @@ class Experience:
             )
         if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int):
             raise TypeError(f"policy_version must be an int, got {self.policy_version!r}")
+        if self.token_versions is not None:
+            self._check_token_versions()
         # Checked here, so a buffer never counts an experience it then cannot hold, and no
         # NaN reaches a group's advantages (the rollout worker counts such rows as errors).
         if isinstance(self.reward, bool) or not isinstance(self.reward, int | float) or not math.isfinite(self.reward):
@@ -77,6 +86,33 @@ class Experience:
             raise TypeError(
                 f"prompt_id must be hashable (it keys the group), got {type(self.prompt_id).__name__}"
             ) from None
+
+    def _check_token_versions(self) -> None:
+        versions = check_tensor("token_versions", self.token_versions)
+        check_rank("token_versions", versions, 1)
+        check_integer("token_versions", versions)
+        if versions.shape != self.response_ids.shape:
+            raise ValueError(
+                f"token_versions has shape {tuple(versions.shape)} but response_ids has shape "
+                f"{tuple(self.response_ids.shape)}: one version per response token"
+            )
+        if versions.numel() and int(versions.min()) != self.policy_version:
+            raise ValueError(
+                f"policy_version={self.policy_version} but the oldest token_versions entry is "
+                f"{int(versions.min())}: policy_version is the oldest token's version"
+            )
+
+    def versions(self) -> torch.Tensor:
+        """LongTensor[R]: the version that sampled each response token."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return torch.full_like(self.response_ids, self.policy_version)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the response's tokens come from more than one version."""
+        versions = self.token_versions
+        return versions is not None and versions.numel() > 0 and int(versions.max()) != self.policy_version
 
     def state_dict(self) -> dict[str, Any]:
         """The experience as plain values and tensors (for checkpoints)."""
@@ -100,7 +136,9 @@ class ExperienceBatch:
         old_logprobs: Tensor[B, R], behaviour log-probs, 0 on padding.
         rewards: Tensor[B].
         advantages: Tensor[B] (NaN where an experience had no advantage yet).
-        policy_versions: LongTensor[B].
+        policy_versions: LongTensor[B], each row's oldest token's version.
+        token_versions: LongTensor[B, R], each response token's version (padding: the
+            row's ``policy_versions``).
         prompt_width: P, the column where responses start.
     """
 
@@ -113,6 +151,7 @@ class ExperienceBatch:
     rewards: torch.Tensor
     advantages: torch.Tensor
     policy_versions: torch.Tensor
+    token_versions: torch.Tensor
     prompt_width: int
 
     def __len__(self) -> int:
@@ -186,6 +225,9 @@ def collate(
     prompts = pad_rows([e.prompt_ids for e in experiences], pad_token_id, left=True)  # (B, P)
     responses = pad_rows([e.response_ids for e in experiences], pad_token_id, left=False)  # (B, R)
     logprobs = pad_rows([e.logprobs.float() for e in experiences], 0.0, left=False)  # (B, R)
+    policy_versions = torch.tensor([e.policy_version for e in experiences], dtype=torch.long)
+    token_versions = pad_rows([e.versions().cpu() for e in experiences], -1, left=False)  # (B, R)
+    token_versions = torch.where(token_versions < 0, policy_versions[:, None], token_versions)
     prompt_lengths = torch.tensor([e.prompt_ids.shape[0] for e in experiences], device=prompts.device)
     response_lengths = torch.tensor([e.response_ids.shape[0] for e in experiences], device=prompts.device)
     p, r = prompts.shape[1], responses.shape[1]
@@ -205,7 +247,8 @@ def collate(
         old_logprobs=logprobs,
         rewards=torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32),
         advantages=torch.tensor(advantages, dtype=torch.float32),
-        policy_versions=torch.tensor([e.policy_version for e in experiences], dtype=torch.long),
+        policy_versions=policy_versions,
+        token_versions=token_versions,
         prompt_width=prompts.shape[1],
     )
     return batch.to(device)

@@ -121,6 +121,8 @@ class RayOrchestrator(RuntimeBase):
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayOrchestrator needs a Ray cluster: call ray.init() (or use ray_runtime()) first")
+        if config.schedule.inflight:  # before any actor starts
+            raise ValueError("inflight: the Ray runtime loads weights between chunks only; use the local runtime")
         super().__init__(config)
         self.num_workers = check_positive_int("workers", layout.workers)
         self.max_restarts = check_nonnegative_int("max_restarts", layout.max_restarts)

@@ -5,8 +5,9 @@ from asyncrlhf.orchestration.evaluate import Evaluation, evaluate, evaluate_accu
 from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
 from asyncrlhf.orchestration.orchestrator import Orchestrator
 from asyncrlhf.orchestration.prompts import PromptQueue, PromptQueueClosed
+from asyncrlhf.orchestration.record import StepRecorder
 from asyncrlhf.orchestration.runtime import HeldOut, RunConfig, Runtime, RuntimeBase
-from asyncrlhf.orchestration.schedule import MODES, Schedule, StepRecorder, TrainerSide
+from asyncrlhf.orchestration.schedule import MODES, Schedule, TrainerSide
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.orchestration.weights import Snapshot, WeightStore, WeightStoreClosed
 

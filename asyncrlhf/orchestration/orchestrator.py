@@ -37,7 +37,7 @@ from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import AfterStep, RunConfig, RuntimeBase
 from asyncrlhf.orchestration.schedule import MODES, Schedule, TrainerSide
 from asyncrlhf.orchestration.weights import WeightStore, WeightStoreClosed
-from asyncrlhf.rollout.base import RolloutEngine
+from asyncrlhf.rollout.base import InFlight, RolloutEngine
 from asyncrlhf.training.trainer import TrainerWorker
 from asyncrlhf.types import Experience
 
@@ -56,6 +56,10 @@ class Orchestrator(RuntimeBase):
 
     def __init__(self, engine: RolloutEngine, trainer: TrainerWorker, config: RunConfig) -> None:
         super().__init__(config)
+        if config.schedule.inflight and not getattr(engine, "updates_in_flight", False):
+            raise ValueError(
+                f"inflight: {type(engine).__name__} cannot load weights between decode steps (updates_in_flight)"
+            )
         self.engine, self.trainer = engine, trainer
         self.weights = WeightStore(keep=self.schedule.keep)
         self.worker = config.rollout_worker(engine, "rollout-0", self._event)
@@ -150,10 +154,12 @@ class Orchestrator(RuntimeBase):
         return not self._force_load and self.schedule.exact and self.engine.version == needed
 
     def _await(self, batch: int) -> None:
-        """Wait until the weights batch ``batch`` may use are published (unless held)."""
-        if not self._holds(batch):
+        """Wait until the weights batch ``batch`` may use are published (unless held);
+        with switches planned in flight, its last version, so no switch waits."""
+        last = self.schedule.last_version(batch)
+        if not self._holds(batch) or last != self.engine.version:
             start = time.time()
-            self.weights.wait(self.schedule.required_version(batch), self.schedule.exact, self.timeout_s)
+            self.weights.wait(last, self.schedule.exact, self.timeout_s)
             self._event(self.worker.name, "wait", start, time.time())
 
     def _load(self, batch: int) -> None:
@@ -172,11 +178,32 @@ class Orchestrator(RuntimeBase):
         with self._rollout_lock:
             self._load(batch)
             problems = self.draw(self.schedule.prompts_per_step)
-            experiences = self.worker.generate_batch(problems, key=f"b{batch}")
+            experiences = self.worker.generate_batch(problems, key=f"b{batch}", inflight=self._inflight(batch))
             self.recorder.tokens += sum(e.response_ids.shape[0] for e in experiences)
             for experience in experiences:
                 self.buffer.push(experience)
             self._next_batch = batch + 1
+
+    def _inflight(self, batch: int) -> InFlight | None:
+        """The weight loads between batch ``batch``'s decode steps: the planned switches
+        (``lagged``) or the newest published version whenever it is newer (``async``)."""
+        schedule, weights, worker = self.schedule, self.weights, self.worker
+        if not schedule.inflight:
+            return None
+
+        def planned(position: int) -> None:
+            version = schedule.switch_version(batch, position)
+            if version is not None and version != self.engine.version:
+                snapshot = weights.find(version, exact=True)
+                assert snapshot is not None, f"version {version} was awaited before batch {batch}"
+                worker.load_snapshot(snapshot)
+
+        def newest(position: int) -> None:
+            snapshot = weights.find(self.engine.version + 1, exact=False)
+            if snapshot is not None:
+                worker.load_snapshot(snapshot)
+
+        return InFlight(planned if schedule.mode == "lagged" else newest, schedule.recompute_kv)
 
     # ------------------------------------------------------------- trainer
     def _train(self, step: int, after_step: AfterStep | None, failure: list[BaseException] | None = None) -> None:

@@ -24,7 +24,8 @@ import torch
 from asyncrlhf._checks import check_positive_int
 from asyncrlhf.orchestration.evaluate import EvalCallback, Evaluation
 from asyncrlhf.orchestration.history import RunHistory
-from asyncrlhf.orchestration.schedule import MetricsCallback, Schedule, StepRecorder
+from asyncrlhf.orchestration.record import MetricsCallback, StepRecorder
+from asyncrlhf.orchestration.schedule import Schedule
 from asyncrlhf.rollout.worker import EventSink, RolloutWorker
 from asyncrlhf.tasks.base import Problem
 

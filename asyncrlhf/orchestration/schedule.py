@@ -1,4 +1,4 @@
-"""The run loop's rules, shared by every runtime: the schedule and the step record.
+"""The run loop's rules, shared by every runtime: the schedule and the trainer's side.
 
 One trainer step consumes one rollout batch and makes one policy version. Modes:
 
@@ -13,40 +13,50 @@ One trainer step consumes one rollout batch and makes one policy version. Modes:
 ``lagged`` with k = 0 and ``async`` with max_staleness = 0 generate every batch with the
 weights ``sync`` uses, and so reproduce it exactly for a fixed seed.
 
+In-flight weight updates (``inflight``) load a new version between two decode steps of
+a batch, so one response's tokens may come from several versions (each token keeps
+its own; a sequence's staleness is its oldest token's):
+
+* ``async``: before every decode step the rollout side loads the newest published
+  version if it is newer than the engine's (PipelineRL's and AReaL's rule). A batch
+  still starts with a version ≥ n − max_staleness, so the bound holds by construction.
+* ``lagged`` (the exact variant): batch n starts with version max(0, n − k) and moves to
+  the next version at each of the ``switch_at`` response positions: the tokens from
+  ``switch_at[j]`` on come from version max(0, n − k + j + 1). Every switch is fixed in
+  advance, so the run is as deterministic as ``lagged`` itself; at most k switches.
+
 :class:`Schedule` says which version each batch uses, how many published versions to
 keep, how large the buffer is, and when to publish and evaluate. :class:`TrainerSide`
-is the trainer's half of a step (buffer, train, publish, evaluate). :class:`StepRecorder`
-keeps the timeline, stamps each step's metrics (throughput, step time), streams them
-to ``on_metrics`` and writes the run's summary. The in-process runtime
+is the trainer's half of a step (buffer, train, publish, evaluate). The in-process runtime
 (:class:`~asyncrlhf.orchestration.Orchestrator`) and the Ray runtime
 (:class:`~asyncrlhf.distributed.RayOrchestrator`) are transports over these two.
 """
 
 from __future__ import annotations
 
-import threading
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import torch
+
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf._clock import clock
 from asyncrlhf.advantages import apply_advantages, get_advantage
 from asyncrlhf.buffers import GroupAwareReplayBuffer
-from asyncrlhf.orchestration.evaluate import EvalCallback, Evaluation, evaluate, greedy_engine
-from asyncrlhf.orchestration.history import RunHistory, TimelineEvent, bubble_fractions
+from asyncrlhf.orchestration.evaluate import Evaluation, evaluate, greedy_engine
 from asyncrlhf.orchestration.version import VersionManager
 from asyncrlhf.types import Experience
 
 if TYPE_CHECKING:  # runtime.py imports this module
     from asyncrlhf.orchestration.runtime import RunConfig
 
-__all__ = ["MODES", "MetricsCallback", "Schedule", "StepRecorder", "TrainerSide", "train_on"]
+__all__ = ["MODES", "Schedule", "TrainerSide", "token_staleness", "train_on"]
 
 Mode = Literal["sync", "async", "lagged"]
 MODES = get_args(Mode)
-MetricsCallback = Callable[[int, dict[str, float]], None]
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,11 @@ class Schedule:
             (≤ max_staleness + 1, or no batch could ever get fresh enough weights).
         lag: ``lagged``: k.
         eval_every: held-out evaluation every this many steps (0: never); also before step 1.
+        inflight: load new weights between decode steps (``async`` or ``lagged``).
+        switch_at: ``lagged`` with ``inflight``: the response positions where a batch
+            moves to the next version (strictly increasing, ≥ 1, at most ``lag`` of them).
+        recompute_kv: with ``inflight``: recompute the KV cache with the new weights at a
+            switch (else it is kept, computed by the older ones).
     """
 
     mode: Mode = "sync"
@@ -71,6 +86,9 @@ class Schedule:
     publish_every: int = 1
     lag: int = 0
     eval_every: int = 0
+    inflight: bool = False
+    switch_at: tuple[int, ...] = ()
+    recompute_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -86,6 +104,27 @@ class Schedule:
                 f"publish_every={self.publish_every} > max_staleness + 1 = {self.max_staleness + 1}: the rollout "
                 "workers could never get weights fresh enough for the next batch"
             )
+        self._check_inflight()
+
+    def _check_inflight(self) -> None:
+        object.__setattr__(self, "switch_at", tuple(self.switch_at))
+        if not self.inflight:
+            if self.switch_at or self.recompute_kv:
+                raise ValueError("switch_at and recompute_kv are options of inflight=True")
+            return
+        if self.mode == "sync":
+            raise ValueError("inflight needs mode 'async' or 'lagged': sync generates each batch with one version")
+        if self.mode == "async" and self.switch_at:
+            raise ValueError("switch_at is the exact variant, for mode 'lagged' (async loads the newest version)")
+        if self.mode == "lagged":
+            at = self.switch_at
+            if not at or any(p < 1 for p in at) or any(b <= a for a, b in itertools.pairwise(at)):
+                raise ValueError(f"switch_at must be strictly increasing response positions >= 1, got {list(at)}")
+            if len(at) > self.lag:
+                raise ValueError(
+                    f"switch_at has {len(at)} switches but lag={self.lag}: a batch may move at most lag versions "
+                    "ahead (to the trainer's)"
+                )
 
     @staticmethod
     def max_publish_every(max_staleness: int) -> int:
@@ -108,6 +147,18 @@ class Schedule:
     def required_version(self, batch: int) -> int:
         """The version batch ``batch`` is generated by (exact), or the oldest it may use."""
         return max(0, check_nonnegative_int("batch", batch) - self.bound)
+
+    def last_version(self, batch: int) -> int:
+        """The newest version batch ``batch`` uses (its last ``switch_at`` segment's), which
+        must be published before it starts, so no switch ever waits."""
+        switches = len(self.switch_at) if self.mode == "lagged" else 0
+        return max(0, check_nonnegative_int("batch", batch) - self.bound + switches)
+
+    def switch_version(self, batch: int, position: int) -> int | None:
+        """The version batch ``batch`` moves to before response ``position``; None: none."""
+        if self.mode != "lagged" or position not in self.switch_at:
+            return None
+        return max(0, batch - self.bound + self.switch_at.index(position) + 1)
 
     @property
     def keep(self) -> int:
@@ -160,6 +211,7 @@ def train_on(trainer: Any, experiences: list[Experience], buffer: Any) -> tuple[
             "staleness/mean": sum(staleness) / len(staleness),
             "staleness/updates": updates_per_step * sum(staleness) / len(staleness),
             "staleness/max": float(max(staleness)),
+            **token_staleness(experiences, version),
             "buffer/size": float(stats["size"]),
             "buffer/evicted_stale": float(stats["evicted_stale"]),
         }
@@ -169,118 +221,19 @@ def train_on(trainer: Any, experiences: list[Experience], buffer: Any) -> tuple[
     return metrics, staleness
 
 
-class StepRecorder:
-    """The run's record, written the same way by every runtime.
-
-    Times are wall-clock (``time.time()``), so events from several processes line up on
-    one timeline. Thread-safe for :meth:`event`.
-    """
-
-    def __init__(self, mode: str, on_metrics: MetricsCallback | None = None, on_eval: EvalCallback | None = None):
-        self.history = RunHistory(mode=mode)
-        self.on_metrics, self.on_eval = on_metrics, on_eval
-        self.samples = 0  # trained experiences
-        self.tokens = 0  # generated response tokens
-        self.t0 = time.time()
-        self._last = self.t0
-        self._elapsed = 0.0  # run time before a restore
-        self._events: list[TimelineEvent] = []
-        self._lock = threading.Lock()
-        self._cpu0 = time.thread_time()
-
-    def begin(self, keep_elapsed: bool = False) -> None:
-        """Start the clock: throughput and bubbles are measured from here (after a
-        restore, ``keep_elapsed`` continues the restored run's clock)."""
-        now = time.time()
-        self.t0, self._last = now - (self._elapsed if keep_elapsed else 0.0), now
-        self._cpu0 = time.thread_time()  # the loop's own thread, for time/loop_cpu_s
-
-    def event(self, worker: str, phase: str, start: float, end: float | None = None, cpu: float | None = None) -> None:
-        with self._lock:
-            self._events.append(TimelineEvent(worker, phase, start, time.time() if end is None else end, cpu))
-
-    def initial(self, evaluation: Evaluation) -> None:
-        """The evaluation before any update: kept, and reported at once as step 0."""
-        metrics = {"eval/accuracy": evaluation.accuracy}
-        self.history.initial_metrics.update(metrics)
-        if self.on_metrics is not None:
-            self.on_metrics(0, dict(metrics))
-        if self.on_eval is not None:
-            self.on_eval(0, evaluation)
-
-    def step(
-        self, metrics: dict[str, float], staleness: list[int], samples: int, evaluation: Evaluation | None = None
-    ) -> None:
-        """A trainer step finished: stamp its metrics, keep them, report them (and its
-        evaluation's responses, if it evaluated)."""
-        now = time.time()
-        self.samples += samples
-        step = len(self.history.steps) + 1
-        metrics.update(
-            {
-                "step": float(step),
-                "perf/samples_per_s": self.samples / (now - self.t0),
-                "perf/gen_tokens_per_s": self.tokens / (now - self.t0),
-                "time/step_s": now - self._last,
-            }
-        )
-        self._last = now
-        self.history.steps.append(metrics)
-        self.history.staleness.append(staleness)
-        if self.on_metrics is not None:
-            self.on_metrics(step, metrics)
-        if self.on_eval is not None and evaluation is not None:
-            self.on_eval(step, evaluation)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The record so far (for checkpoints): steps, staleness, events, counters, and
-        the run time elapsed, so throughput continues across a resume."""
-        with self._lock:
-            events = [(e.worker, e.phase, e.start, e.end, e.cpu) for e in self._events]
-        history = self.history
-        return {
-            "steps": [dict(s) for s in history.steps],
-            "staleness": [list(s) for s in history.staleness],
-            "initial_metrics": dict(history.initial_metrics),
-            "events": events,
-            "samples": self.samples,
-            "tokens": self.tokens,
-            "elapsed": time.time() - self.t0,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        history = self.history
-        history.steps, history.staleness = [dict(s) for s in state["steps"]], [list(s) for s in state["staleness"]]
-        history.initial_metrics = dict(state["initial_metrics"])
-        with self._lock:
-            self._events = [TimelineEvent(*e) for e in state["events"]]
-        self.samples, self.tokens = int(state["samples"]), int(state["tokens"])
-        self._elapsed = float(state["elapsed"])
-
-    @property
-    def steps_done(self) -> int:
-        return len(self.history.steps)
-
-    def finish(self, rollout_workers: list[str], extra: dict[str, float] | None = None) -> RunHistory:
-        """The timeline and the summary; a worker with no event was idle throughout."""
-        end = time.time()
-        with self._lock:
-            self.history.timeline = sorted(self._events, key=lambda e: e.start)
-        bubbles = bubble_fractions(self.history.timeline, self.t0, end)
-        rollout = [bubbles.get(name, 1.0) for name in rollout_workers]
-        self.history.summary = {
-            "perf/bubble_frac_rollout": sum(rollout) / len(rollout),
-            "perf/bubble_frac_trainer": bubbles.get("trainer", 1.0),
-            "perf/samples_per_s": self.samples / (end - self.t0),
-            "perf/gen_tokens_per_s": self.tokens / (end - self.t0),
-            "time/total_s": end - self.t0,
-            # CPU seconds of the thread that ran the loop (begin to finish, this process):
-            # in sync mode with one torch thread, the whole run's work
-            "time/loop_cpu_s": time.thread_time() - self._cpu0,
-            "weights/loads": float(sum(e.phase == "load_weights" for e in self.history.timeline)),
-            **(extra or {}),
-        }
-        return self.history
+def token_staleness(experiences: list[Experience], version: int) -> dict[str, float]:
+    """Per-token staleness (trainer ``version`` − the version that sampled each response
+    token) over the batch: its mean and max, and the share of sequences whose tokens come
+    from more than one version. Without in-flight updates every token has its
+    sequence's staleness, and ``mixed_frac`` is 0."""
+    versions = torch.cat([e.versions().cpu() for e in experiences])
+    staleness = (version - versions).double()
+    empty = staleness.numel() == 0
+    return {
+        "staleness/token_mean": 0.0 if empty else float(staleness.mean()),
+        "staleness/token_max": 0.0 if empty else float(staleness.max()),
+        "staleness/mixed_frac": sum(e.mixed for e in experiences) / len(experiences),
+    }
 
 
 class TrainerSide:

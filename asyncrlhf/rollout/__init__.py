@@ -1,6 +1,6 @@
 """Rollout: engines that sample completions with behaviour log-probs, and the worker."""
 
-from asyncrlhf.rollout.base import RolloutEngine, Sample, Sampling
+from asyncrlhf.rollout.base import InFlight, RolloutEngine, Sample, Sampling
 from asyncrlhf.rollout.hf import HFEngine
 from asyncrlhf.rollout.stub import LatencyModelEngine, StubEngine
 from asyncrlhf.rollout.vllm import VLLMEngine
@@ -8,6 +8,7 @@ from asyncrlhf.rollout.worker import RolloutWorker
 
 __all__ = [
     "HFEngine",
+    "InFlight",
     "LatencyModelEngine",
     "RolloutEngine",
     "RolloutWorker",

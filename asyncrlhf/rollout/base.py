@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -11,7 +11,7 @@ import torch
 
 from asyncrlhf._checks import check_integer, check_nonnegative_int, check_positive_int, check_rank, check_tensor
 
-__all__ = ["EngineBase", "RolloutEngine", "Sample", "Sampling", "check_generate_args"]
+__all__ = ["EngineBase", "InFlight", "RolloutEngine", "Sample", "Sampling", "check_generate_args"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,10 @@ class Sample:
         response_ids: LongTensor[R], EOS included when the engine emitted it.
         logprobs: Tensor[R], float32 log-probs of ``response_ids`` under the
             distribution actually sampled from.
-        policy_version: version of the weights that generated it.
+        policy_version: version of the weights that generated it; with weights updated
+            in flight, the oldest of its tokens' versions.
+        token_versions: LongTensor[R], the version that sampled each token; None when
+            every token is ``policy_version``'s.
     """
 
     prompt_index: int
@@ -52,6 +55,23 @@ class Sample:
     response_ids: torch.Tensor
     logprobs: torch.Tensor
     policy_version: int
+    token_versions: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Weight updates while a batch generates (an engine with ``updates_in_flight``).
+
+    Before the logits of response position ``t`` ≥ 1 are computed, for every row at once,
+    the engine calls ``before(t)``, which may load new weights into it
+    (``load_weights``); the tokens from ``t`` on are then sampled by the new version and
+    tagged with it. The KV cache of the positions before ``t`` was computed by the older
+    weights: kept as it is (``recompute_kv=False``, as PipelineRL) or recomputed with
+    the new weights (one forward over prompt and response so far).
+    """
+
+    before: Callable[[int], None]
+    recompute_kv: bool = False
 
 
 @runtime_checkable
@@ -66,7 +86,11 @@ class RolloutEngine(Protocol):
     @property
     def version(self) -> int: ...
 
-    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]: ...
+    def generate(
+        self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
+    ) -> list[Sample]:
+        """``inflight``: weight updates between decode steps (engines with ``updates_in_flight``)."""
+        ...
 
     async def agenerate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]: ...
 
@@ -97,6 +121,7 @@ class EngineBase:
     """
 
     _version: int = 0
+    updates_in_flight: bool = False  # whether generate takes ``inflight`` (can load weights mid-batch)
 
     @property
     def version(self) -> int:
@@ -105,8 +130,14 @@ class EngineBase:
     def _set_version(self, version: int) -> None:
         self._version = check_nonnegative_int("version", version)
 
-    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+    def generate(
+        self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
+    ) -> list[Sample]:
         raise NotImplementedError
+
+    def _check_inflight(self, inflight: InFlight | None) -> None:
+        if inflight is not None and not self.updates_in_flight:
+            raise ValueError(f"{type(self).__name__} cannot update its weights in flight (inflight must be None)")
 
     def reseed(self, seed: int) -> None:
         """Restart the sampling stream from ``seed`` (so a batch's samples do not depend

@@ -19,14 +19,15 @@ from typing import Any
 import torch
 
 from asyncrlhf.models import cache_argument, token_logprobs, weights_checksum
-from asyncrlhf.rollout.base import EngineBase, Sample, Sampling, check_generate_args
+from asyncrlhf.rollout.base import EngineBase, InFlight, Sample, Sampling, check_generate_args
 from asyncrlhf.types import pad_rows
 
 __all__ = ["HFEngine"]
 
 
 class HFEngine(EngineBase):
-    """Sampling engine around a Hugging Face causal LM.
+    """Sampling engine around a Hugging Face causal LM; it can update its weights in
+    flight (between decode steps, see :class:`~asyncrlhf.rollout.base.InFlight`).
 
     Args:
         model: a ``transformers`` causal LM. The engine keeps its own copy (``copy=True``)
@@ -66,6 +67,8 @@ class HFEngine(EngineBase):
         self._set_version(version)
         self._cache_arg = cache_argument(self.model)
 
+    updates_in_flight = True
+
     def reseed(self, seed: int) -> None:
         self._generator.manual_seed(seed)
 
@@ -78,13 +81,16 @@ class HFEngine(EngineBase):
         return weights_checksum(self.model)
 
     @torch.no_grad()  # not inference_mode: callers may edit or reuse the returned tensors
-    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+    def generate(
+        self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
+    ) -> list[Sample]:
         """Sample ``num_samples`` completions per prompt, prompt-major.
 
         Each prompt is read once: its KV cache and last logits are repeated for its
         ``num_samples`` rows, which sample independently from there (a group of G costs
         one prefill, not G). A cache without ``batch_repeat_interleave`` falls back to a
-        prefill per row.
+        prefill per row. With ``inflight``, weights may change between decode steps
+        (see :class:`~asyncrlhf.rollout.base.InFlight`); each token records its version.
         """
         check_generate_args(prompts, num_samples)
         unique = [p.to(self.device) for p in prompts]
@@ -97,6 +103,7 @@ class HFEngine(EngineBase):
         n = attention.shape[0]
         tokens = torch.full((n, self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros(n, self.max_new_tokens, dtype=torch.float32, device=self.device)
+        versions = [self._version]  # the version that sampled each position
         finished = torch.zeros(n, dtype=torch.bool, device=self.device)
         lengths = torch.zeros(n, dtype=torch.long, device=self.device)
 
@@ -109,6 +116,13 @@ class HFEngine(EngineBase):
             if t + 1 == self.max_new_tokens or bool(finished.all()):  # one sync per token, as HF generate
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            if inflight is not None:
+                inflight.before(t + 1)  # may load new weights for the positions from t + 1 on
+                versions.append(self._version)
+                if inflight.recompute_kv and versions[-1] != versions[-2]:
+                    prompt_rows = ids.repeat_interleave(num_samples, dim=0)
+                    logits, cache, positions = self._recompute(prompt_rows, tokens[:, : t + 1], attention)
+                    continue
             positions = positions[:, -1:] + 1
             out = self.model(
                 input_ids=tokens[:, t : t + 1],
@@ -118,16 +132,46 @@ class HFEngine(EngineBase):
                 **{self._cache_arg: cache},
             )
             logits, cache = out.logits[:, -1, :], getattr(out, self._cache_arg)  # (N, V)
-        lengths_host = lengths.tolist()
+        return self._samples(prompts, num_samples, tokens, logprobs, lengths.tolist(), versions)
+
+    def _recompute(
+        self, prompt_rows: torch.Tensor, response: torch.Tensor, attention: torch.Tensor
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """The next logits, a KV cache and the last positions, all from the current
+        weights: one forward over every row's prompt and response so far."""
+        positions = (attention.cumsum(dim=1) - 1).clamp_min(0)
+        out = self.model(
+            input_ids=torch.cat([prompt_rows, response], dim=1),
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :], getattr(out, self._cache_arg), positions[:, -1:]
+
+    def _samples(
+        self,
+        prompts: Sequence[torch.Tensor],
+        num_samples: int,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        lengths: list[int],
+        versions: list[int],
+    ) -> list[Sample]:
+        """One sample per row; with more than one version, each token's (a row's tokens
+        from position t on were sampled by ``versions[t]``)."""
+        mixed = versions[0] != versions[-1]
+        by_position = torch.tensor(versions) if mixed else None
         return [
             Sample(
                 prompt_index=i // num_samples,
                 prompt_ids=prompts[i // num_samples],
-                response_ids=tokens[i, : lengths_host[i]].clone(),
-                logprobs=logprobs[i, : lengths_host[i]].clone(),
-                policy_version=self._version,
+                response_ids=tokens[i, :length].clone(),
+                logprobs=logprobs[i, :length].clone(),
+                policy_version=versions[0] if by_position is None else int(by_position[:length].min()),
+                token_versions=None if by_position is None else by_position[:length].clone(),
             )
-            for i in range(n)
+            for i, length in enumerate(lengths)
         ]
 
     def _prefill(

@@ -10,7 +10,7 @@ import torch
 
 from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import weights_checksum
-from asyncrlhf.rollout.base import EngineBase, Sample, check_generate_args
+from asyncrlhf.rollout.base import EngineBase, InFlight, Sample, check_generate_args
 
 __all__ = ["LatencyModelEngine", "StubEngine"]
 
@@ -32,17 +32,41 @@ class StubEngine(EngineBase):
         self._set_version(version)
         self._weights: Mapping[str, torch.Tensor] | None = None
 
-    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+    updates_in_flight = True
+
+    def generate(
+        self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
+    ) -> list[Sample]:
         check_generate_args(prompts, num_samples)
         n = len(prompts) * num_samples
         # One draw for the whole batch: a stub must cost (almost) nothing.
         lengths = torch.randint(1, self.max_new_tokens + 1, (n,), generator=self._generator).tolist()
         tokens = torch.randint(0, self.vocab_size, (n, self.max_new_tokens), generator=self._generator)
         logprobs = torch.full((self.max_new_tokens,), -math.log(self.vocab_size))
+        versions = self._decode(inflight)
+        by_position = torch.tensor(versions) if versions[0] != versions[-1] else None
         return [
-            Sample(i // num_samples, prompts[i // num_samples], tokens[i, :length], logprobs[:length], self._version)
+            Sample(
+                i // num_samples,
+                prompts[i // num_samples],
+                tokens[i, :length],
+                logprobs[:length],
+                versions[0] if by_position is None else int(by_position[:length].min()),
+                None if by_position is None else by_position[:length].clone(),
+            )
             for i, length in enumerate(lengths)
         ]
+
+    def _decode(self, inflight: InFlight | None) -> list[int]:
+        """Walk the decode steps (a stub's cost nothing), calling ``inflight`` between
+        them; the version of every position."""
+        versions = [self._version]
+        if inflight is not None:
+            self._check_inflight(inflight)
+            for t in range(1, self.max_new_tokens):
+                inflight.before(t)
+                versions.append(self._version)
+        return versions
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights = state_dict  # held, not used: there is no model
@@ -70,8 +94,13 @@ class LatencyModelEngine(StubEngine):
             raise ValueError(f"seconds_per_token must be >= 0, got {seconds_per_token!r}")
         self.seconds_per_token = seconds_per_token
 
-    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
-        samples = super().generate(prompts, num_samples)
-        # A batch holds the device until its longest row could have finished.
-        time.sleep(self.seconds_per_token * self.max_new_tokens)
-        return samples
+    def _decode(self, inflight: InFlight | None) -> list[int]:
+        # A batch holds the device until its longest row could have finished: one
+        # token's time per position, weights loaded in flight between them.
+        versions = [self._version]
+        for t in range(self.max_new_tokens):
+            if t and inflight is not None:
+                inflight.before(t)
+                versions.append(self._version)
+            time.sleep(self.seconds_per_token)
+        return versions

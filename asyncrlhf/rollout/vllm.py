@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.models import drop_weights, token_logprobs, weightless_copy, weights_checksum
-from asyncrlhf.rollout.base import EngineBase, Sample, Sampling, check_generate_args
+from asyncrlhf.rollout.base import EngineBase, InFlight, Sample, Sampling, check_generate_args
 
 __all__ = ["INSTALL_VLLM", "VLLMEngine", "vllm_available"]
 
@@ -103,8 +103,13 @@ class VLLMEngine(EngineBase):
     def reseed(self, seed: int) -> None:
         self._generator.manual_seed(seed)
 
-    def generate(self, prompts: Sequence[torch.Tensor], num_samples: int = 1) -> list[Sample]:
+    def generate(
+        self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
+    ) -> list[Sample]:
+        """Every request to its end with the weights loaded now (``updates_in_flight`` is
+        False: this engine does not pause a batch to load weights)."""
         check_generate_args(prompts, num_samples)
+        self._check_inflight(inflight)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts) * num_samples,), generator=self._generator).tolist()
         s = self.sampling
         params = [

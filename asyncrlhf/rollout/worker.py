@@ -19,7 +19,7 @@ import torch
 from asyncrlhf._checks import check_positive_int
 from asyncrlhf._clock import clock
 from asyncrlhf.rewards.registry import split_reward
-from asyncrlhf.rollout.base import RolloutEngine
+from asyncrlhf.rollout.base import InFlight, RolloutEngine
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience, pad_rows
 
@@ -86,11 +86,17 @@ class RolloutWorker:
         self._event("load_weights", start)
         return held
 
-    def generate_batch(self, problems: list[Problem], key: str) -> list[Experience]:
+    def generate_batch(self, problems: list[Problem], key: str, inflight: InFlight | None = None) -> list[Experience]:
         """One batch: ``group_size`` rewarded experiences for each problem; the group of
-        problem i is keyed ``{key}:{i}`` (``key`` must be unique within the run)."""
+        problem i is keyed ``{key}:{i}`` (``key`` must be unique within the run).
+        ``inflight``: weight updates between decode steps (each token keeps its version)."""
         start = clock()
-        samples = self.engine.generate([p.prompt_ids for p in problems], self.group_size)
+        prompts = [p.prompt_ids for p in problems]
+        samples = (
+            self.engine.generate(prompts, self.group_size, inflight)
+            if inflight
+            else self.engine.generate(prompts, self.group_size)
+        )
         self._event("generate", start)
 
         start = clock()
@@ -114,6 +120,7 @@ class RolloutWorker:
                 policy_version=s.policy_version,
                 prompt_id=f"{key}:{s.prompt_index}",
                 reward_flags={name: values[i] for name, values in rows.items()},
+                token_versions=s.token_versions,
             )
             for i, (s, reward) in enumerate(zip(samples, rewards, strict=True))
         ]

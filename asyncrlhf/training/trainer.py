@@ -11,80 +11,20 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
 
-from asyncrlhf._checks import check_nonnegative_int, check_positive_int
 from asyncrlhf.losses import aggregation_share, policy_loss
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, load_adapter_state, merged_state_dict
+from asyncrlhf.training.optim import LrDecay, OptimConfig
 from asyncrlhf.types import Experience, ExperienceBatch, collate
 
 __all__ = ["LrDecay", "OptimConfig", "TrainerWorker", "sequence_logprobs"]
-
-LrDecay = Literal["constant", "linear", "cosine"]
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW and how each batch is used: ``ppo_epochs`` passes, ``mini_batches``
-    optimiser steps per pass, the global gradient norm clipped at ``grad_clip`` (None:
-    no clipping), and the learning-rate schedule: raised linearly over the first
-    ``warmup_updates`` optimiser updates (0: none), then held (``decay="constant"``) or
-    lowered to ``min_lr_ratio``·lr at update ``total_updates`` (``"linear"``, ``"cosine"``).
-    ``micro_batch_size`` rows at a time go through forward and backward, the gradients
-    accumulated into one update (None: the whole mini-batch at once); the update is the
-    same (see ``TrainerWorker._accumulate``)."""
-
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = 1.0
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    warmup_updates: int = 0
-    decay: LrDecay = "constant"
-    total_updates: int | None = None
-    min_lr_ratio: float = 0.0
-    micro_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        check_positive_int("ppo_epochs", self.ppo_epochs)
-        check_positive_int("mini_batches", self.mini_batches)
-        check_nonnegative_int("warmup_updates", self.warmup_updates)
-        if self.micro_batch_size is not None:
-            check_positive_int("micro_batch_size", self.micro_batch_size)
-        if self.decay not in get_args(LrDecay):
-            raise ValueError(f"decay must be 'constant', 'linear' or 'cosine', got {self.decay!r}")
-        if self.decay != "constant" and (self.total_updates is None or self.total_updates <= self.warmup_updates):
-            raise ValueError(
-                f"decay={self.decay!r} needs total_updates > warmup_updates={self.warmup_updates}, "
-                f"got {self.total_updates!r}"
-            )
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-
-    def lr_at(self, update: int) -> float:
-        """The learning rate of optimiser update ``update`` (0-based): the linear warm-up,
-        lr·(update + 1)/warmup_updates, then ``lr`` or its decay (held at the floor after
-        ``total_updates``)."""
-        if update < self.warmup_updates:
-            return self.lr * (update + 1) / self.warmup_updates
-        if self.decay == "constant":
-            return self.lr
-        assert self.total_updates is not None
-        progress = min(1.0, (update - self.warmup_updates) / (self.total_updates - self.warmup_updates))
-        shape = 1.0 - progress if self.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape)
 
 
 class TrainerWorker:
@@ -145,6 +85,7 @@ class TrainerWorker:
         self.skip_zero_advantage = skip_zero_advantage and self.loss_fn.skips_zero_advantage
         self.share_prompts = share_prompts
         self._generator = torch.Generator().manual_seed(seed)
+        self._gap: dict[str, float] | None = None
 
     # ------------------------------------------------------------------ step
     def step(self, experiences: Sequence[Experience]) -> dict[str, float]:
@@ -162,6 +103,7 @@ class TrainerWorker:
             with torch.no_grad():
                 prox_logprobs = self._logprobs(self.model, batch)
 
+        self._gap: dict[str, float] | None = None  # filled by the step's first log-prob pass
         self.model.train()
         totals: dict[str, float] = {}
         updates = skipped = 0
@@ -181,6 +123,7 @@ class TrainerWorker:
         if self.versions is not None:
             self.versions.bump()
         out = {key: value / updates for key, value in totals.items()} if updates else {}
+        out.update(self._gap or {})
         out["train/signal_rows"] = float((batch.advantages != 0).float().mean())
         out["train/skipped_updates"] = float(skipped)
         out["train/skipped_steps"] = float(self.skipped_steps)
@@ -216,6 +159,7 @@ class TrainerWorker:
             loss, metrics = self._accumulate(sub, ref, prox, share, micro)
         else:
             logprobs = self._logprobs(self.model, sub)  # (b, R)
+            self._note_gap(sub, logprobs)
             loss, metrics = self.loss_fn(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
             loss = loss * share
             if torch.isfinite(loss):
@@ -257,6 +201,7 @@ class TrainerWorker:
         chunks = list(torch.arange(len(sub), device=self.device).split(micro))
         with torch.no_grad():
             full = torch.cat([self._logprobs(self.model, _select(sub, rows)) for rows in chunks])
+            self._note_gap(sub, full)
             loss, metrics = self.loss_fn(full, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
         loss = loss * share
         if not torch.isfinite(loss):
@@ -266,6 +211,20 @@ class TrainerWorker:
             part, _ = self.loss_fn(mixed, sub.old_logprobs, sub.advantages, sub.response_mask, ref, prox)
             self._backward(part * share)
         return loss, metrics
+
+    def _note_gap(self, sub: ExperienceBatch, logprobs: torch.Tensor) -> None:
+        """``rollout/logprob_gap``: mean |engine − trainer| log-prob over the tokens the
+        trainer's current weights sampled (their version is the trainer's), from the
+        step's first pass, before any update: what the engine computes differently from
+        the trainer (dtype, kernels, a failed weight load), policy drift excluded.
+        Absent from a step with no such token (every token stale)."""
+        if self._gap is not None:
+            return
+        fresh = sub.response_mask & (sub.token_versions == self.version)  # (b, R)
+        self._gap = {}
+        if bool(fresh.any()):
+            gap = (logprobs.detach() - sub.old_logprobs).abs()[fresh]
+            self._gap = {"rollout/logprob_gap": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
 
     # ------------------------------------------- what a sharded trainer changes
     def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
@@ -388,5 +347,6 @@ def _select(batch: ExperienceBatch, rows: torch.Tensor) -> ExperienceBatch:
         rewards=batch.rewards[rows],
         advantages=batch.advantages[rows],
         policy_versions=batch.policy_versions[rows],
+        token_versions=batch.token_versions[rows],
         prompt_width=batch.prompt_width,
     )

@@ -131,6 +131,8 @@ class ExperimentSpec(_Section):
                 f"orchestrator.publish_every={orch.publish_every} > buffer.max_staleness + 1 = {longest}: "
                 "the rollout worker could never get fresh enough weights"
             )
+        if orch.inflight is not None:
+            self._check_inflight()
         _check_runtime(self.runtime, self.rollout.workers)
         if self.rollout.engine == "vllm" and self.runtime.address is None and find_spec("vllm") is None:
             from asyncrlhf.rollout.vllm import INSTALL_VLLM  # a module without vllm's import
@@ -141,6 +143,33 @@ class ExperimentSpec(_Section):
                 f"rollout.vllm (engine arguments) needs rollout.engine 'vllm', not {self.rollout.engine!r}"
             )
         return self
+
+    def _check_inflight(self) -> None:
+        if self.rollout.engine != "hf":
+            raise ValueError(
+                f"orchestrator.inflight needs an engine that loads weights between decode steps: rollout.engine "
+                f"{self.rollout.engine!r} cannot (use 'hf')"
+            )
+        if self.runtime.kind != "local":
+            raise ValueError(
+                f"orchestrator.inflight needs runtime.kind 'local' (the Ray runtime loads weights between "
+                f"batches), not {self.runtime.kind!r}"
+            )
+        mode, switch_at = self.orchestrator.mode, self.orchestrator.inflight.switch_at  # type: ignore[union-attr]
+        if mode == "sync":
+            raise ValueError(
+                "orchestrator.inflight needs orchestrator.mode 'async' or 'lagged', not 'sync' (which generates "
+                "each batch with the one version it trains)"
+            )
+        if mode == "lagged" and not switch_at:
+            raise ValueError(
+                "orchestrator.inflight.switch_at is required in mode 'lagged' (the exact variant: the response "
+                "positions where a batch moves to the next version)"
+            )
+        try:
+            self.to_schedule()
+        except ValueError as err:  # the schedule's own checks, on switch_at
+            raise ValueError(f"orchestrator.inflight.{err}") from None
 
     @property
     def prompts_per_step(self) -> int:
@@ -157,6 +186,9 @@ class ExperimentSpec(_Section):
             orch.publish_every,
             orch.lag or 0,
             orch.eval_every,
+            inflight=orch.inflight is not None,
+            switch_at=tuple(orch.inflight.switch_at) if orch.inflight else (),
+            recompute_kv=orch.inflight is not None and orch.inflight.kv == "recompute",
         )
 
 

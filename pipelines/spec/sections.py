@@ -253,6 +253,20 @@ class TrainerSpec(_Section):
         )
 
 
+class InFlightSpec(_Section):
+    """Weight updates between decode steps: a response's tokens may come from several versions."""
+
+    switch_at: list[int] = Field(
+        [],
+        description="lagged (the exact variant): response positions where a batch moves to the next version "
+        "(strictly increasing, >= 1, at most orchestrator.lag of them); async: leave empty (the newest version "
+        "is loaded whenever one is published).",
+    )
+    kv: Literal["keep", "recompute"] = Field(
+        "keep", description="At a switch: keep the KV cache the older weights computed (PipelineRL) or recompute it."
+    )
+
+
 class OrchestratorSpec(_Section):
     mode: Mode = Field("async", description="How rollout and training interleave.")
     publish_every: int = Field(
@@ -262,6 +276,9 @@ class OrchestratorSpec(_Section):
         None, ge=0, description="lagged: data of step v comes from version max(0, v − lag).", json_schema_extra=LAGGED
     )
     eval_every: int = Field(50, ge=0, description="Held-out greedy evaluation every this many steps (0: never).")
+    inflight: InFlightSpec | None = Field(
+        None, description="In-flight weight updates (async or lagged, the local runtime, rollout.engine 'hf')."
+    )
     timeout_s: float = Field(
         600.0, gt=0, le=604_800, description="Longest any wait may last before the run fails (at most a week)."
     )

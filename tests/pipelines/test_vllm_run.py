@@ -41,6 +41,8 @@ def test_a_lagged_cli_run_on_vllm_starts_at_the_shipped_accuracy_and_resumes(sto
     (run,) = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id])
     accuracy = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval/accuracy")}
     assert accuracy[0] == 0.405  # the shipped checkpoint's greedy accuracy, as on the HF engine
+    (gap,) = client.get_metric_history(run.info.run_id, "rollout/logprob_gap")  # step 1: version 0's data at 0
+    assert gap.step == 1 and gap.value < 1e-4  # vLLM's behaviour log-probs against the trainer's, float32
     resumed = run_cli(str(QUICKSTART), "--resume", run.info.run_id, *sets("trainer.steps=15"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean"))
