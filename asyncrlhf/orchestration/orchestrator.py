@@ -33,9 +33,11 @@ from typing import Any
 
 import torch
 
+from asyncrlhf._clock import clock
 from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import AfterStep, RunConfig, RuntimeBase
 from asyncrlhf.orchestration.schedule import MODES, Schedule, TrainerSide
+from asyncrlhf.orchestration.stream import RolloutStream
 from asyncrlhf.orchestration.weights import WeightStore, WeightStoreClosed
 from asyncrlhf.rollout.base import InFlight, RolloutEngine
 from asyncrlhf.training.trainer import TrainerWorker
@@ -69,6 +71,7 @@ class Orchestrator(RuntimeBase):
         self._rollout_lock = threading.Lock()  # held while a batch is generated and pushed
         self._next_batch = 0  # the next batch the rollout side generates
         self._force_load = True  # the first load is verified even if the engine claims the version
+        self.stream = self._make_stream() if self.schedule.streams else None
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The trained policy's weights (a copy)."""
@@ -109,6 +112,7 @@ class Orchestrator(RuntimeBase):
             "weights": self.weights.state_dict(),
             "engine": {"version": self.engine.version, "rng": self.engine.rng_state()},
             "rollout": {"next_batch": self._next_batch},
+            **({"stream": self.stream.state_dict()} if self.stream is not None else {}),
         }
 
     def _load_own_state(self, state: dict[str, Any]) -> None:
@@ -117,6 +121,8 @@ class Orchestrator(RuntimeBase):
         self.weights.load_state_dict(state["weights"])
         self.engine.set_rng_state(state["engine"]["rng"])
         self._next_batch = int(state["rollout"]["next_batch"])
+        if self.stream is not None:
+            self.stream.load_state_dict(state["stream"])
 
     def _run_concurrently(self, first: int, num_steps: int, after_step: AfterStep | None) -> None:
         stop = threading.Event()
@@ -124,6 +130,8 @@ class Orchestrator(RuntimeBase):
 
         def rollout() -> None:
             try:
+                if self.stream is not None:
+                    return self._stream(stop)
                 for batch in itertools.count(self._next_batch):
                     if stop.is_set():
                         return
@@ -184,9 +192,48 @@ class Orchestrator(RuntimeBase):
                 self.buffer.push(experience)
             self._next_batch = batch + 1
 
+    # ------------------------------------------------- continuous rollout
+    def _make_stream(self) -> RolloutStream:
+        schedule = self.schedule
+        capacity = schedule.prompts_per_step * schedule.group_size  # a batch's rows at once
+        return RolloutStream(self.worker, capacity, schedule.chunk_tokens, self.engine.max_new_tokens)  # type: ignore[attr-defined]
+
+    def _stream(self, stop: threading.Event) -> None:
+        """``async`` with ``inflight``: admit, advance, hand on, until stopped (see
+        :mod:`~asyncrlhf.orchestration.stream`)."""
+        stream, schedule = self.stream, self.schedule
+        assert stream is not None
+        per_step = schedule.prompts_per_step
+
+        def allowed(index: int) -> bool:  # the step group ``index`` is reserved for is within the bound
+            return self.engine.version >= schedule.required_version(index // per_step)
+
+        while not stop.is_set():
+            with self._rollout_lock:
+                self._load_newer()
+                stream.admit(self.draw, allowed)
+                start = clock()
+                produced = stream.advance(InFlight(lambda _: self._load_newer(), schedule.recompute_kv))
+                self.worker._event("generate", start)
+                self.recorder.tokens += produced
+                for group in stream.ready():
+                    for experience in group:
+                        self.buffer.push(experience)
+            if stream.active_rows == 0:  # none admitted: wait for the weights the next group needs
+                start_wait = time.time()
+                self.weights.wait(schedule.required_version(stream.admitted // per_step), False, self.timeout_s)
+                self._event(self.worker.name, "wait", start_wait, time.time())
+
+    def _load_newer(self) -> None:
+        """Load the newest published version if it is newer than the engine's (verified)."""
+        snapshot = self.weights.find(0 if self._force_load else self.engine.version + 1, exact=False)
+        if snapshot is not None:
+            self.worker.load_snapshot(snapshot)
+            self._force_load = False
+
     def _inflight(self, batch: int) -> InFlight | None:
         """The weight loads between batch ``batch``'s decode steps: the planned switches
-        (``lagged``) or the newest published version whenever it is newer (``async``)."""
+        of ``lagged`` (``async`` streams instead, see :meth:`_stream`)."""
         schedule, weights, worker = self.schedule, self.weights, self.worker
         if not schedule.inflight:
             return None
@@ -198,12 +245,7 @@ class Orchestrator(RuntimeBase):
                 assert snapshot is not None, f"version {version} was awaited before batch {batch}"
                 worker.load_snapshot(snapshot)
 
-        def newest(position: int) -> None:
-            snapshot = weights.find(self.engine.version + 1, exact=False)
-            if snapshot is not None:
-                worker.load_snapshot(snapshot)
-
-        return InFlight(planned if schedule.mode == "lagged" else newest, schedule.recompute_kv)
+        return InFlight(planned, schedule.recompute_kv)
 
     # ------------------------------------------------------------- trainer
     def _train(self, step: int, after_step: AfterStep | None, failure: list[BaseException] | None = None) -> None:

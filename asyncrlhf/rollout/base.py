@@ -135,6 +135,24 @@ class EngineBase:
     ) -> list[Sample]:
         raise NotImplementedError
 
+    def extend(
+        self, rows: Sequence[tuple[torch.Tensor, torch.Tensor]], budget: int, inflight: InFlight | None = None
+    ) -> list[Sample]:
+        """Continue each ``(prompt_ids, response so far)`` row by up to ``budget`` tokens:
+        one sample per row, holding its new tokens only (a continuous rollout's step).
+
+        This default reads prompt and response so far as one prompt, so the KV cache is
+        recomputed with the weights the engine holds now; an engine keeping its cache
+        across calls would override it."""
+        check_positive_int("budget", budget)
+        cap = self.max_new_tokens  # type: ignore[attr-defined]
+        self.max_new_tokens = min(budget, cap)
+        try:
+            joined = [torch.cat([prompt, response.to(prompt.device)]) for prompt, response in rows]
+            return self.generate(joined, 1, inflight) if inflight is not None else self.generate(joined, 1)
+        finally:
+            self.max_new_tokens = cap
+
     def _check_inflight(self, inflight: InFlight | None) -> None:
         if inflight is not None and not self.updates_in_flight:
             raise ValueError(f"{type(self).__name__} cannot update its weights in flight (inflight must be None)")

@@ -12,7 +12,7 @@ from asyncrlhf._checks import check_positive_int
 from asyncrlhf.models import weights_checksum
 from asyncrlhf.rollout.base import EngineBase, InFlight, Sample, check_generate_args
 
-__all__ = ["LatencyModelEngine", "StubEngine"]
+__all__ = ["LatencyModelEngine", "LongTailLatencyEngine", "StubEngine"]
 
 
 class StubEngine(EngineBase):
@@ -104,3 +104,74 @@ class LatencyModelEngine(StubEngine):
                 versions.append(self._version)
             time.sleep(self.seconds_per_token)
         return versions
+
+
+class LongTailLatencyEngine(LatencyModelEngine):
+    """A LATENCY MODEL with a long tail of response lengths (benchmarks only).
+
+    A response's first token decides its class: one in ``1 / long_share`` responses is
+    long. Each later token ends the response (EOS) with probability ln 2 / median, or
+    ln 2 / (``long_factor`` × median) in a long one: geometric lengths, so the long
+    responses' median is ``long_factor`` times the others'. A call holds for one token's
+    time per decode step while any of its rows is still going, loading weights between
+    steps when given ``inflight``. Memoryless, so :meth:`extend` continues a row from its
+    first token alone.
+    """
+
+    def __init__(
+        self, seconds_per_token: float, median: float, long_share: float = 0.05, long_factor: float = 10.0, **kwargs
+    ) -> None:
+        super().__init__(seconds_per_token, **kwargs)
+        if not (median >= 1 and 0 < long_share < 1 and long_factor >= 1):
+            raise ValueError(f"need median >= 1, 0 < long_share < 1, long_factor >= 1; got {median, long_share}")
+        self.hazard = (math.log(2) / median, math.log(2) / (median * long_factor))
+        self.long_share = long_share
+
+    def generate(
+        self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
+    ) -> list[Sample]:
+        check_generate_args(prompts, num_samples)
+        rows = [(p, torch.zeros(0, dtype=torch.long)) for p in prompts for _ in range(num_samples)]
+        samples = self.extend(rows, self.max_new_tokens, inflight)
+        for i, sample in enumerate(samples):
+            sample.prompt_index = i // num_samples
+        return samples
+
+    def extend(
+        self, rows: Sequence[tuple[torch.Tensor, torch.Tensor]], budget: int, inflight: InFlight | None = None
+    ) -> list[Sample]:
+        self._check_inflight(inflight)
+        budget = min(check_positive_int("budget", budget), self.max_new_tokens)
+        g = self._generator
+        first = [r[0] if r.numel() else None for _, r in rows]
+        draws = torch.rand(len(rows), budget + 1, generator=g)  # class, then one EOS draw per step
+        tokens = torch.randint(4, self.vocab_size - 1, (len(rows), budget), generator=g)  # never EOS (2)
+        out: list[list[int]] = [[] for _ in rows]
+        live = [True] * len(rows)
+        versions: list[int] = []
+        for t in range(budget):
+            if not any(live):
+                break
+            if t and inflight is not None:
+                inflight.before(t)
+            versions.append(self._version)
+            time.sleep(self.seconds_per_token)
+            for i in range(len(rows)):
+                if not live[i]:
+                    continue
+                long = (draws[i, 0] < self.long_share) if first[i] is None else int(first[i]) % 2 == 1
+                token = int(tokens[i, t])
+                if first[i] is None:  # the first token carries the class: odd ids are long
+                    token = (token // 2) * 2 + int(bool(long))
+                    first[i] = torch.tensor(token)
+                elif bool(draws[i, t + 1] < self.hazard[int(bool(long))]):
+                    token, live[i] = self.eos_token_id, False
+                out[i].append(token)
+        return [self._sample(i, prompt, out[i], versions) for i, (prompt, _) in enumerate(rows)]
+
+    def _sample(self, i: int, prompt: torch.Tensor, tokens: list[int], versions: list[int]) -> Sample:
+        n = len(tokens)
+        mine = torch.tensor(versions[:n])
+        mixed = n > 0 and versions[0] != versions[n - 1]
+        logprobs = torch.full((n,), -math.log(self.vocab_size))
+        return Sample(i, prompt, torch.tensor(tokens, dtype=torch.long), logprobs, versions[0], mine if mixed else None)

@@ -20,6 +20,7 @@ venv of its own). What it relies on in vLLM's V1 API:
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -74,6 +75,9 @@ class VLLMEngine(EngineBase):
         verify_atol: float | None = 1e-4,
         **engine_args: Any,
     ) -> None:
+        # An engine left for the collector tears down vLLM's process-wide parallel state when
+        # finalised, which this one is about to set up: finalise it now, not mid-run.
+        gc.collect()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not a line per weight load
         try:
@@ -99,40 +103,92 @@ class VLLMEngine(EngineBase):
         self._set_version(version)
         self._checksum: str | None = None
         self.last_probe_gap: float | None = None
+        self.max_new_tokens = sampling.max_new_tokens  # a continuous rollout's calls lower it (``extend``)
+        self._calls, self._stepping, self._recompute = 0, False, False
+        self._unverified: tuple[Mapping[str, torch.Tensor], int] | None = None
 
     def reseed(self, seed: int) -> None:
         self._generator.manual_seed(seed)
 
+    @property
+    def updates_in_flight(self) -> bool:  # type: ignore[override]
+        """In process, the engine is stepped one decode step at a time and can load
+        weights between steps; with the engine core in another process it cannot."""
+        return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+
     def generate(
         self, prompts: Sequence[torch.Tensor], num_samples: int = 1, inflight: InFlight | None = None
     ) -> list[Sample]:
-        """Every request to its end with the weights loaded now (``updates_in_flight`` is
-        False: this engine does not pause a batch to load weights)."""
+        """One seeded request per sample. With ``inflight``, the engine is stepped one
+        decode step at a time and ``inflight.before`` may load weights between steps
+        (each token keeps the version that sampled it); the KV cache of running requests
+        is kept, or with ``recompute_kv`` they are preempted and recomputed."""
         check_generate_args(prompts, num_samples)
         self._check_inflight(inflight)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts) * num_samples,), generator=self._generator).tolist()
         s = self.sampling
         params = [
             self._params(
-                temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, logprobs=0, seed=int(seed)
+                temperature=s.temperature, top_p=s.top_p, max_tokens=self.max_new_tokens, logprobs=0, seed=int(seed)
             )
             for seed in seeds
         ]
         requests = [{"prompt_token_ids": p.tolist()} for p in prompts for _ in range(num_samples)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if inflight is None:
+            outputs, versions = self.llm.generate(requests, params, use_tqdm=False), None
+        else:
+            outputs, versions = self._step_through(requests, params, inflight)
         samples = []
         for index, request in enumerate(outputs):
             (completion,) = request.outputs
             ids = list(completion.token_ids)
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=True)]
-            prompt = prompts[index // num_samples]
-            response = torch.tensor(ids, dtype=torch.long)
+            mine = None if versions is None else torch.tensor(versions[index][: len(ids)], dtype=torch.long)
+            mixed = mine is not None and mine.numel() > 0 and int(mine.min()) != int(mine.max())
             samples.append(
                 Sample(
-                    index // num_samples, prompt, response, torch.tensor(logprobs, dtype=torch.float32), self._version
+                    index // num_samples,
+                    prompts[index // num_samples],
+                    torch.tensor(ids, dtype=torch.long),
+                    torch.tensor(logprobs, dtype=torch.float32),
+                    self._version if mine is None or not mine.numel() else int(mine.min()),
+                    mine if mixed else None,
                 )
             )
         return samples
+
+    def _step_through(
+        self, requests: list[dict[str, Any]], params: list[Any], inflight: InFlight
+    ) -> tuple[list[Any], list[list[int]]]:
+        """Every request to its end, one engine step at a time, ``inflight.before(step)``
+        between steps; the requests' outputs and each one's per-token versions."""
+        engine = self.llm.llm_engine
+        self._calls += 1
+        ids = [f"asyncrlhf-{self._calls}-{i}" for i in range(len(requests))]
+        for rid, request, p in zip(ids, requests, params, strict=True):
+            engine.add_request(rid, request, p)
+        versions: dict[str, list[int]] = {rid: [] for rid in ids}
+        finished: dict[str, Any] = {}
+        self._stepping, self._recompute, step = True, inflight.recompute_kv, 0
+        try:
+            while engine.has_unfinished_requests():
+                if step:
+                    inflight.before(step)
+                for out in engine.step():
+                    made = len(out.outputs[0].token_ids)  # cumulative outputs: every token so far
+                    held = versions[out.request_id]
+                    held += [self._version] * (made - len(held))
+                    if out.finished:
+                        finished[out.request_id] = out
+                step += 1
+        finally:
+            self._stepping = False
+        if self._unverified is not None:  # loaded mid-call: probe what the engine holds now
+            state, version = self._unverified
+            self._unverified = None
+            self.llm.reset_prefix_cache()
+            self._verify(state, version)
+        return [finished[rid] for rid in ids], [versions[rid] for rid in ids]
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load ``state_dict`` (the trainer's names) in place, reset the prefix cache and
@@ -147,7 +203,19 @@ class VLLMEngine(EngineBase):
             with tempfile.TemporaryDirectory(prefix="asyncrlhf-vllm-", dir=where) as folder:
                 save_file({k: v.contiguous().cpu() for k, v in items}, os.path.join(folder, "model.safetensors"))
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        if self._stepping:  # mid-generation: the probe would be a request among the running ones
+            self._set_version(version)
+            if self._recompute:  # running requests are preempted and their KV recomputed
+                self.llm.reset_prefix_cache(reset_running_requests=True)
+            self._unverified = (state_dict, version)  # probed when the call ends
+            self._checksum = weights_checksum(state_dict)
+            return
         self.llm.reset_prefix_cache()  # KV cached with the old weights is now wrong
+        self._verify(state_dict, version)
+        self._set_version(version)
+
+    def _verify(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Probe what the engine holds against ``state_dict``; raise if they differ."""
         self._checksum = None
         if self.verify_atol is not None:
             self.last_probe_gap = self._probe_gap(state_dict)
@@ -158,7 +226,6 @@ class VLLMEngine(EngineBase):
                     f"verify_atol={self.verify_atol}"
                 )
         self._checksum = weights_checksum(state_dict)
-        self._set_version(version)
 
     def _probe_gap(self, state_dict: Mapping[str, torch.Tensor]) -> float:
         """Largest |vLLM − Hugging Face| teacher-forced log-prob over the probe sequence."""

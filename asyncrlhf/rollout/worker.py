@@ -19,7 +19,7 @@ import torch
 from asyncrlhf._checks import check_positive_int
 from asyncrlhf._clock import clock
 from asyncrlhf.rewards.registry import split_reward
-from asyncrlhf.rollout.base import InFlight, RolloutEngine
+from asyncrlhf.rollout.base import InFlight, RolloutEngine, Sample
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience, pad_rows
 
@@ -98,7 +98,23 @@ class RolloutWorker:
             else self.engine.generate(prompts, self.group_size)
         )
         self._event("generate", start)
+        return self.score(problems, samples, key)
 
+    def reward_group(self, problem: Problem, rows: list[Any], key: str) -> list[Experience]:
+        """One group generated row by row (a continuous rollout's ``rows``, each with its
+        ``tokens``, ``logprobs`` and per-token ``versions``), rewarded, keyed ``{key}:0``."""
+        samples = []
+        for row in rows:
+            oldest = int(row.versions.min())
+            mixed = int(row.versions.max()) != oldest
+            samples.append(
+                Sample(0, problem.prompt_ids, row.tokens, row.logprobs, oldest, row.versions if mixed else None)
+            )
+        return self.score([problem], samples, key)
+
+    def score(self, problems: list[Problem], samples: list[Sample], key: str) -> list[Experience]:
+        """Reward ``samples`` (of ``problems[s.prompt_index]``) on the tokens' device and
+        make them experiences, the group of problem i keyed ``{key}:{i}``."""
         start = clock()
         responses = [s.response_ids for s in samples]
         ids = pad_rows(responses, self.pad_token_id)  # (B·G, R)

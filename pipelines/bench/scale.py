@@ -59,3 +59,71 @@ def lora_case(params: dict[str, Any]) -> list[Any]:
         Figure(f"lora.{name}", r[name], r[name], r[name], "lower", gate=False, note=note)
         for name in ("memory_ratio", "step_ratio")
     ]
+
+
+def inflight_case(params: dict[str, Any]) -> list[Any]:
+    """Sync, async and in-flight under a long tail of response lengths (see
+    :mod:`pipelines.bench.inflight`): in-flight / async samples/s and every mode's
+    trainer bubble, per staleness bound."""
+    from pipelines.bench import inflight
+    from pipelines.bench.cases import TARGETS, Figure
+
+    figures = []
+    for setting in params["settings"]:
+        for bound in params["max_staleness"]:
+            r = inflight.run(setting, steps=params["steps"], repeats=params["repeats"], max_staleness=bound)
+            tag = f"inflight.{setting}.s{bound}"
+            target = TARGETS.get(f"{tag}.inflight_vs_async")
+            for key in ("inflight_vs_async", "async_vs_sync"):
+                v = r[key]
+                lengths = r["median_length"]["median"], r["p95_length"]["median"]
+                note = f"samples/s ratio; response lengths median {lengths[0]:g}, p95 {lengths[1]:g}"
+                figures.append(
+                    Figure(
+                        f"{tag}.{key}",
+                        v["median"],
+                        v["min"],
+                        v["max"],
+                        "higher",
+                        gate=False,
+                        note=note,
+                        target=target if key == "inflight_vs_async" else None,
+                    )
+                )
+            for mode in inflight.MODES:
+                b = r[mode]["bubble_frac_trainer"]
+                figures.append(
+                    Figure(
+                        f"{tag}.{mode}.bubble_frac_trainer",
+                        b["median"],
+                        b["min"],
+                        b["max"],
+                        "lower",
+                        unit="",
+                        gate=False,
+                    )
+                )
+    return figures
+
+
+def generation_case(params: dict[str, Any]) -> list[Any]:
+    """HF against vLLM generation throughput, and vLLM's in-place weight update against a
+    full reload (see :mod:`pipelines.bench.generation`); none where vLLM is absent."""
+    import sys
+
+    from pipelines.bench import generation
+    from pipelines.bench.cases import Figure
+
+    r = generation.run(**params)
+    if "skipped" in r:
+        print(f"generation: {r['skipped']}", file=sys.stderr)
+        return []
+    note = f"{r['prompts']} prompts × {r['samples']}, up to {r['max_new_tokens']} tokens"
+    rates = f"vLLM {r['vllm_tokens_per_s']:,.0f} vs HF {r['hf_tokens_per_s']:,.0f} tokens/s"
+    loads = f"full reload {r['full_reload_s']:.2f} s vs in place {r['in_place_load_s'] * 1e3:.0f} ms"
+    return [
+        Figure.of("generation.vllm_vs_hf", [r["vllm_vs_hf"]], "higher", gate=False, note=f"{note}; {rates}"),
+        Figure.of(
+            "generation.full_reload_vs_in_place", [r["full_reload_vs_in_place"]], "higher", gate=False, note=loads
+        ),
+    ]

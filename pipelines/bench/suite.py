@@ -71,6 +71,8 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
         "weight_sync": {"sizes": [1_000_000, 10_000_000, 100_000_000], "receivers": 2, "repeats": 3},
         "sharded": {"worlds": [1, 2], "parallel": "fsdp"},
         "lora": {},
+        "inflight": {"settings": ["latency", "hf"], "max_staleness": [1, 2], "steps": 20, "repeats": 3},
+        "generation": {"prompts": 64, "samples": 8, "max_new_tokens": 32, "repeats": 3},  # vLLM's venv only
         # The quick start as shipped (lagged k = 1: each cell deterministic on its CPU).
         # Three seeds on this machine's kernels.
         "learning": {"overrides": [], "kernels": ["native"], "seeds": [0, 1, 2]},

@@ -145,10 +145,10 @@ class ExperimentSpec(_Section):
         return self
 
     def _check_inflight(self) -> None:
-        if self.rollout.engine != "hf":
+        if self.rollout.engine == "vllm" and self.orchestrator.inflight.switch_at:  # type: ignore[union-attr]
             raise ValueError(
-                f"orchestrator.inflight needs an engine that loads weights between decode steps: rollout.engine "
-                f"{self.rollout.engine!r} cannot (use 'hf')"
+                "orchestrator.inflight.switch_at (the exact variant) needs rollout.engine 'hf': vLLM schedules each "
+                "request's prefill and decode steps itself, so a switch cannot land on a fixed response position"
             )
         if self.runtime.kind != "local":
             raise ValueError(
@@ -189,6 +189,7 @@ class ExperimentSpec(_Section):
             inflight=orch.inflight is not None,
             switch_at=tuple(orch.inflight.switch_at) if orch.inflight else (),
             recompute_kv=orch.inflight is not None and orch.inflight.kv == "recompute",
+            chunk_tokens=orch.inflight.chunk_tokens if orch.inflight else 8,
         )
 
 

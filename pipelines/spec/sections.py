@@ -265,6 +265,13 @@ class InFlightSpec(_Section):
     kv: Literal["keep", "recompute"] = Field(
         "keep", description="At a switch: keep the KV cache the older weights computed (PipelineRL) or recompute it."
     )
+    chunk_tokens: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="async: decode steps between admissions of new groups into the rollout pool (each engine "
+        "call; the HF engine reads prompt and response so far again at each).",
+    )
 
 
 class OrchestratorSpec(_Section):
@@ -277,7 +284,9 @@ class OrchestratorSpec(_Section):
     )
     eval_every: int = Field(50, ge=0, description="Held-out greedy evaluation every this many steps (0: never).")
     inflight: InFlightSpec | None = Field(
-        None, description="In-flight weight updates (async or lagged, the local runtime, rollout.engine 'hf')."
+        None,
+        description="In-flight weight updates (async or lagged, the local runtime; the exact variant on the HF "
+        "engine).",
     )
     timeout_s: float = Field(
         600.0, gt=0, le=604_800, description="Longest any wait may last before the run fails (at most a week)."

@@ -12,6 +12,7 @@ from asyncrlhf.models import token_logprobs
 from asyncrlhf.orchestration import Schedule
 from asyncrlhf.orchestration.schedule import token_staleness
 from asyncrlhf.rollout import HFEngine, InFlight, LatencyModelEngine, Sampling
+from asyncrlhf.rollout.stub import LongTailLatencyEngine
 from asyncrlhf.types import Experience, collate
 from tests.helpers import small_model
 from tests.orchestration.test_checkpoint import curves, saved
@@ -149,20 +150,55 @@ def test_the_exact_variant_is_bit_reproducible_and_resumes_exactly():
     assert [[s[k] for k in tokens] for s in history.steps] == [[s[k] for k in tokens] for s in reference.steps]
 
 
-def test_async_in_flight_loads_the_newest_version_between_decode_steps():
-    orchestrator = build("async", max_staleness=1, inflight=True)
-    slow = LatencyModelEngine(0.004, vocab_size=16, max_new_tokens=16, eos_token_id=2, seed=0)
-    orchestrator.engine = orchestrator.worker.engine = slow
+def streaming(engine, **fields):  # type: ignore[no-untyped-def]
+    from asyncrlhf.orchestration import Orchestrator
+
+    sample = build("async", inflight=True, **fields)
+    return Orchestrator(engine, sample.trainer, sample.config)
+
+
+def long_tail(seconds_per_token: float = 0.001):  # type: ignore[no-untyped-def]
+    return LongTailLatencyEngine(seconds_per_token, median=3, vocab_size=16, max_new_tokens=32, seed=0)
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+def test_async_in_flight_streams_groups_within_the_bound_by_construction(max_staleness):
+    orchestrator = streaming(long_tail(), max_staleness=max_staleness, chunk_tokens=2)
     batches = recording(orchestrator)
     history = orchestrator.run(8)
     experiences = [e for batch in batches for e in batch]
     assert all(bool((e.versions().diff() >= 0).all()) for e in experiences)  # versions only move forward
-    assert any(e.mixed for e in experiences)
     for version, batch in enumerate(batches):
-        assert all(version - e.policy_version <= 1 for e in batch)  # the bound, by the oldest token
-    assert max(s["staleness/max"] for s in history.steps) <= 1.0
-    assert sum(s["staleness/mixed_frac"] for s in history.steps) > 0
-    assert orchestrator.buffer.stats()["evicted_stale"] == 0
+        assert all(version - e.policy_version <= max_staleness for e in batch)  # by the oldest token
+        assert {e.prompt_id for e in batch} == {f"g{version * 4 + i}:0" for i in range(4)}  # reserved for this step
+    stats = orchestrator.buffer.stats()
+    assert stats["evicted_stale"] == 0 and stats["dropped_overflow"] == 0
+    if max_staleness:
+        assert any(e.mixed for e in experiences)  # some responses span a weight update
+    assert max(s["staleness/token_max"] for s in history.steps) <= max_staleness
+    lengths = [e.response_ids.shape[0] for e in experiences]
+    assert max(lengths) > 4 * sorted(lengths)[len(lengths) // 2]  # a long tail, none dropped for it
+
+
+def test_a_streaming_run_resumes_with_its_pool_and_loses_nothing():
+    state = saved(streaming(long_tail(0.02), max_staleness=1, chunk_tokens=2), after=3)
+    assert state["stream"]["groups"]  # groups were being generated at the checkpoint
+    resumed = streaming(long_tail(0.02), max_staleness=1, chunk_tokens=2)
+    resumed.restore(state)
+    batches = recording(resumed)
+    history = resumed.run(8)
+    assert len(history.steps) == 8
+    trained = [e.prompt_id for batch in batches for e in batch]
+    assert sorted(set(trained)) == sorted({f"g{i}:0" for i in range(12, 32)})  # steps 4–8: each group once
+    assert len(trained) == 5 * 16
+    stats = resumed.buffer.stats()
+    assert stats["pushed"] == stats["sampled"] + stats["size"] and stats["evicted_stale"] == 0
+
+
+def test_the_hf_engine_streams_too():
+    orchestrator = build("async", max_staleness=1, inflight=True, chunk_tokens=2)
+    history = orchestrator.run(4)
+    assert len(history.steps) == 4 and max(s["staleness/max"] for s in history.steps) <= 1.0
 
 
 def test_in_flight_data_trains_with_per_token_ratios():

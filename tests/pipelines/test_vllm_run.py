@@ -50,13 +50,17 @@ def test_a_lagged_cli_run_on_vllm_starts_at_the_shipped_accuracy_and_resumes(sto
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
-def test_an_async_run_on_vllm_keeps_the_staleness_bound():
+@pytest.mark.parametrize("inflight", [None, "{chunk_tokens: 2}"])
+def test_an_async_run_on_vllm_keeps_the_staleness_bound(inflight):
+    """Whole batches, and the continuous stream with weights loaded between decode steps."""
     from pipelines.run import run_experiment
 
     overrides = [*ON_VLLM, "orchestrator.mode=async", "buffer.max_staleness=1", "trainer.steps=10"]
+    overrides += [f"orchestrator.inflight={inflight}"] if inflight else []
     history = run_experiment(load_spec(QUICKSTART, overrides), track=False).history
     taus = [tau for step in history.staleness for tau in step]
     assert len(history.staleness) == 10 and max(taus) <= 1
+    assert max(s["staleness/token_max"] for s in history.steps) <= 1
     assert history.final()["reward/mean"] > 0
 
 

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(
 )
 ARGS = {"enforce_eager": True, "max_model_len": 64}
 SAMPLING = Sampling(max_new_tokens=5, temperature=0.7)
+LONGER = [torch.tensor([1, 6, 8]), torch.tensor([1, 7, 9, 4])]  # prompts the model answers in several tokens
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +128,38 @@ def test_greedy_held_out_accuracy_on_vllm_is_the_hf_engines(hf_model):
     on_hf = evaluate(greedy_engine(hf_model, *ids, spec.rollout.max_new_tokens), problems, *ids)
     assert on_vllm.accuracy == on_hf.accuracy == 0.405
     assert on_vllm.responses == on_hf.responses
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_weights_loaded_in_flight_sample_every_later_token(engine, hf_model, recompute):
+    from asyncrlhf.rollout import InFlight
+
+    new = perturbed(hf_model, 1.3)
+    newer = load_pretrained(SHIPPED_POLICY)[0]
+    newer.load_state_dict(new)
+    start = engine.version
+
+    def before(step: int) -> None:
+        if step == 1:  # after every request's first token (one step prefills them all)
+            engine.load_weights(new, version=start + 1)
+
+    engine.reseed(3)
+    try:
+        samples = engine.generate(LONGER, 4, InFlight(before, recompute_kv=recompute))
+        assert engine.version == start + 1 and engine.checksum() == weights_checksum(new)
+        assert engine.last_probe_gap is not None and engine.last_probe_gap < 1e-4  # probed once the call ended
+    finally:
+        engine.load_weights(hf_model.state_dict(), version=start + 2)
+    gaps_new, gaps_old = [], []
+    for s in samples:
+        n = s.response_ids.shape[0]
+        versions = s.token_versions.tolist() if s.token_versions is not None else [s.policy_version] * n
+        assert versions == [start] + [start + 1] * (n - 1) and s.policy_version == start
+        gaps_old.append(float((hf_logprobs(hf_model, s, 0.7)[:1] - s.logprobs[:1]).abs().max()))
+        if n > 1:
+            gaps_new.append(float((hf_logprobs(newer, s, 0.7)[1:] - s.logprobs[1:]).abs().max()))
+    assert len(gaps_new) >= 4 and max(gaps_old) < 1e-4  # the first token: the old weights'
+    if recompute:  # preempted and recomputed: every later token is the new weights' exactly
+        assert max(gaps_new) < 1e-4
+    else:  # the new weights read the old weights' KV cache of the prompt
+        assert max(gaps_new) > 1e-3
