@@ -33,3 +33,25 @@ def test_an_exact_in_flight_run_logs_per_token_staleness_and_the_logprob_gap(sto
     gap = curve("rollout/logprob_gap")  # only where some tokens are the trainer's version: step 1
     assert len(gap) >= 1 and gap[0] < 1e-5  # the same weights in engine and trainer, float32
     assert run.data.params["orchestrator.inflight.switch_at"] == "[2]"
+
+
+def test_a_resumed_exact_in_flight_run_repeats_the_uninterrupted_one(store, tmp_path):
+    from tests.pipelines.test_resume import asyncrlhf, curve, policy_sha, runs, write_spec
+
+    inflight = {"mode": "lagged", "lag": 2, "eval_every": 4, "inflight": {"switch_at": [2], "kv": "recompute"}}
+    whole = write_spec(tmp_path, orchestrator=inflight, trainer={**SPEC_TRAINER, "steps": 12})
+    part = write_spec(tmp_path, orchestrator=inflight, trainer={**SPEC_TRAINER, "steps": 8})
+    for spec in (whole, part):
+        done = asyncrlhf("run", str(spec))
+        assert done.returncode == 0, done.stderr[-2000:]
+    reference, stopped = (r.info.run_id for r in runs(store))
+    resumed = asyncrlhf("resume", stopped, "--set", "trainer.steps=12")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    for key in ("loss/policy", "reward/mean", "eval/accuracy", "staleness/token_mean", "staleness/mixed_frac"):
+        got, want = curve(store, stopped, key), curve(store, reference, key)
+        assert got == want and len(got) == (4 if key == "eval/accuracy" else 12), key  # eval: steps 0, 4, 8, 12
+    assert curve(store, stopped, "staleness/token_mean")[-1][1] < 2.0  # the switch happened: tokens fresher than k
+    assert policy_sha(store, stopped, tmp_path) == policy_sha(store, reference, tmp_path)
+
+
+SPEC_TRAINER = {"batch_size": 64, "lr": 3.0e-4, "checkpoint_every": 4}
