@@ -214,7 +214,7 @@ class Orchestrator(RuntimeBase):
                 stream.admit(self.draw, allowed)
                 start = clock()
                 produced = stream.advance(InFlight(lambda _: self._load_newer(), schedule.recompute_kv))
-                self.worker._event("generate", start)
+                self.worker.event("generate", start)
                 self.recorder.tokens += produced
                 for group in stream.ready():
                     for experience in group:

@@ -101,7 +101,7 @@ class RolloutStream:
         for (_, row), sample in zip(active, samples, strict=True):
             room = self.max_new_tokens - row.tokens.shape[0]
             new = sample.response_ids[:room].cpu()
-            versions = sample.token_versions if sample.token_versions is not None else None
+            versions = sample.token_versions
             versions = torch.full_like(new, sample.policy_version) if versions is None else versions[:room].cpu()
             row.tokens = torch.cat([row.tokens, new])
             row.logprobs = torch.cat([row.logprobs, sample.logprobs[:room].float().cpu()])

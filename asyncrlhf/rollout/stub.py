@@ -123,7 +123,10 @@ class LongTailLatencyEngine(LatencyModelEngine):
     ) -> None:
         super().__init__(seconds_per_token, **kwargs)
         if not (median >= 1 and 0 < long_share < 1 and long_factor >= 1):
-            raise ValueError(f"need median >= 1, 0 < long_share < 1, long_factor >= 1; got {median, long_share}")
+            raise ValueError(
+                f"need median >= 1, 0 < long_share < 1 and long_factor >= 1; got median={median!r}, "
+                f"long_share={long_share!r}, long_factor={long_factor!r}"
+            )
         self.hazard = (math.log(2) / median, math.log(2) / (median * long_factor))
         self.long_share = long_share
 

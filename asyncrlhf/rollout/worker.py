@@ -64,7 +64,8 @@ class RolloutWorker:
         self.on_event = on_event
         self.weight_loads = 0
 
-    def _event(self, phase: str, start: tuple[float, float]) -> None:
+    def event(self, phase: str, start: tuple[float, float]) -> None:
+        """Record ``phase`` from ``start`` (``clock()``'s wall and thread-CPU times) to now."""
         if self.on_event is not None:
             self.on_event(self.name, phase, start[0], time.time(), time.thread_time() - start[1])
 
@@ -83,7 +84,7 @@ class RolloutWorker:
                 f"at version {snapshot.version}"
             )
         self.weight_loads += 1
-        self._event("load_weights", start)
+        self.event("load_weights", start)
         return held
 
     def generate_batch(self, problems: list[Problem], key: str, inflight: InFlight | None = None) -> list[Experience]:
@@ -97,7 +98,7 @@ class RolloutWorker:
             if inflight
             else self.engine.generate(prompts, self.group_size)
         )
-        self._event("generate", start)
+        self.event("generate", start)
         return self.score(problems, samples, key)
 
     def reward_group(self, problem: Problem, rows: list[Any], key: str) -> list[Experience]:
@@ -140,5 +141,5 @@ class RolloutWorker:
             )
             for i, (s, reward) in enumerate(zip(samples, rewards, strict=True))
         ]
-        self._event("reward", start)
+        self.event("reward", start)
         return experiences

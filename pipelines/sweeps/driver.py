@@ -53,6 +53,7 @@ class _Config:
     adopted: dict[int, str] = field(default_factory=dict)  # seed → run finished before an interrupt
     values: dict[int, float] = field(default_factory=dict)  # final objective by seed
     curves: dict[int, dict[int, float]] = field(default_factory=dict)  # step → seed → objective
+    token_staleness: dict[int, float] = field(default_factory=dict)  # seed → mean staleness/token_mean
     reported: set[int] = field(default_factory=set)
     error: str | None = None
     pruned: bool = False
@@ -309,6 +310,9 @@ class Driver:
                 if not math.isfinite(value):
                     raise RuntimeError(f"objective {self.sweep.objective!r} was not logged (final value {value})")
                 config.values[job.seed] = value  # before the run is FINISHED: an interrupt between tells it
+                measured = [s["staleness/token_mean"] for s in out["history"].steps if "staleness/token_mean" in s]
+                if measured:
+                    config.token_staleness[job.seed] = statistics.fmean(measured)
                 job.tracker.finish(out["history"])
         except Exception as err:  # a failed seed fails its trial; the sweep goes on
             where = f"seed {job.seed}: " if self.sweep.seeds else ""
@@ -328,6 +332,8 @@ class Driver:
         trial.set_user_attr("seed_values", {str(seed): value for seed, value in sorted(config.values.items())})
         if config.reported:
             trial.set_user_attr("last_step", max(config.reported))
+        if config.token_staleness:  # the x of a sweep with in-flight arms (see report.staleness_table)
+            trial.set_user_attr("token_staleness", statistics.fmean(config.token_staleness.values()))
         if config.error is not None:
             trial.set_user_attr("error", config.error)
             self.study.tell(trial, state=TrialState.FAIL)

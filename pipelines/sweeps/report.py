@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.sweeps.spec import STALENESS_KEYS, SweepSpec
+from pipelines.sweeps.spec import INFLIGHT_KEY, STALENESS_KEYS, SweepSpec
 from pipelines.sweeps.stats import SeedSummary, summarize
 from pipelines.sweeps.study import INTERRUPTED
 from pipelines.tracking.plots import plot_objective, plot_staleness
@@ -63,6 +63,7 @@ def _row(sweep: SweepSpec, record: dict[str, Any]) -> dict[str, Any]:
         "run_id": next(iter(run_ids.values()), None),
         "run_ids": run_ids,
         "error": attrs.get("error"),
+        "token_staleness": attrs.get("token_staleness"),
     }
 
 
@@ -96,16 +97,26 @@ def staleness_axes(sweep: SweepSpec) -> tuple[str, str | None] | None:
 
 def staleness_table(sweep: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, dict[Any, SeedSummary]]:
     """Objective of complete trials per algorithm and staleness value, summarised over
-    every seed of every matching trial (mean, std, 95% CI, n)."""
+    every seed of every matching trial (mean, std, 95% CI, n).
+
+    With in-flight arms swept (``orchestrator.inflight``: null for whole sequences, a
+    mapping of ``switch_at`` for the exact variant), one line per algorithm and arm, each
+    cell at its trials' measured mean per-token staleness (``staleness/token_mean`` over
+    the run, seed mean, in versions), so in-flight and whole-sequence data sit on one axis."""
     axes = staleness_axes(sweep)
     assert axes is not None, "not a staleness sweep"
     key, algo_key = axes
+    arms = INFLIGHT_KEY in sweep.space
     cells: dict[str, dict[Any, list[float]]] = {}
     for r in rows:
         if r["state"] == "COMPLETE":
             algo = str(r["params"].get(algo_key, "")) if algo_key else sweep.objective
+            x = r["params"][key]
+            if arms:
+                algo = f"{algo} · {r['params'].get(INFLIGHT_KEY, 'none')}"
+                x = x if r.get("token_staleness") is None else round(float(r["token_staleness"]), 2)
             values = list(r["seed_values"].values()) or [r["value"]]
-            cells.setdefault(algo, {}).setdefault(r["params"][key], []).extend(values)
+            cells.setdefault(algo, {}).setdefault(x, []).extend(values)
     return {a: {k: summarize(v) for k, v in sorted(by_k.items())} for a, by_k in cells.items()}
 
 
@@ -207,7 +218,8 @@ class SweepReport:
         if axes:
             title = f"{sweep.name}: {sweep.objective} vs staleness"
             table = staleness_table(sweep, self.rows)
-            plot_staleness(table, axes[0], sweep.objective, title, folder / "objective_vs_staleness.png")
+            x = "mean per-token, staleness/token_mean" if INFLIGHT_KEY in sweep.space else axes[0]
+            plot_staleness(table, x, sweep.objective, title, folder / "objective_vs_staleness.png")
 
 
 def _short(value: object) -> str:

@@ -17,6 +17,7 @@ from pipelines.spec.errors import format_validation_error
 from pipelines.spec.files import SpecError, _Section, apply_overrides, read_yaml, set_path
 
 __all__ = [
+    "INFLIGHT_KEY",
     "STALENESS_KEYS",
     "PrunerSpec",
     "RangeSpec",
@@ -31,6 +32,7 @@ __all__ = [
 
 # Fields that set a run's staleness: a sweep over one of them gets a staleness plot.
 STALENESS_KEYS = ("orchestrator.lag", "buffer.max_staleness")
+INFLIGHT_KEY = "orchestrator.inflight"  # swept: arms of whole sequences (null) and in-flight switches
 
 
 class RangeSpec(_Section):
@@ -129,7 +131,7 @@ class SweepSpec(_Section):
             if isinstance(values, list) and not values:
                 raise ValueError(f"{key}: empty list of values")
             if isinstance(values, list) and any(isinstance(v, dict) for v in values):
-                if not all(isinstance(v, dict) for v in values):
+                if not all(isinstance(v, dict) or v is None for v in values):  # null: the section left out
                     raise ValueError(f"{key}: mix of mappings and plain values")
                 labels = [choice_label(v) for v in values]
                 repeated = sorted({label for label in labels if labels.count(label) > 1})
@@ -194,7 +196,10 @@ class SweepSpec(_Section):
 
 def choice_label(value: Any) -> str:
     """A swept value as Optuna and MLflow see it: itself, or for a whole section given as
-    a mapping, its ``label`` (default: its values joined with ``/``)."""
+    a mapping, its ``label`` (default: its values joined with ``/``); null beside
+    mappings (the section left out) is ``"none"``."""
+    if value is None:
+        return "none"
     if not isinstance(value, dict):
         return value
     return str(value.get("label") or "/".join(str(v) for v in value.values()))
@@ -206,6 +211,8 @@ def choice_value(values: list[Any] | Any, label: Any) -> Any:
         for value in values:
             if isinstance(value, dict) and choice_label(value) == label:
                 return {k: v for k, v in value.items() if k != "label"}
+        if label == "none" and None in values:
+            return None
     return label
 
 

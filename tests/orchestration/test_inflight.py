@@ -206,7 +206,7 @@ def test_in_flight_data_trains_with_per_token_ratios():
     ratio is 1 on the tokens the trainer's version sampled, whatever the rest."""
     engine, new, inflight = switching_engine(recompute=True)
     samples = engine.generate(PROMPTS, 2, inflight)
-    from asyncrlhf.losses import compute_decoupled_ppo_loss
+    from asyncrlhf.losses import compute_decoupled_ppo_loss, compute_m2po_loss
 
     with torch.no_grad():
         current = torch.stack([teacher_forced(new, s) for s in samples])  # the trainer is at version 1
@@ -217,3 +217,8 @@ def test_in_flight_data_trains_with_per_token_ratios():
     assert (ratio[versions == 0] - 1).abs().max() > 1e-2  # the old version's tokens are off-policy
     _, metrics = compute_decoupled_ppo_loss(current, old, torch.ones(4), prox_logprobs=copy.copy(current))
     assert metrics["behav_weight_max"] > 1.0 + 1e-3
+    # M2PO's second moment is over every token's own log-ratio: the stale tokens carry all of it
+    _, m2po = compute_m2po_loss(current, old, torch.ones(4), mode="batch", m2_threshold=1e9)
+    log_ratio = current - old
+    assert m2po["m2"] == pytest.approx(float(log_ratio.square().mean()), rel=1e-5)
+    assert float(log_ratio[versions == 1].square().sum()) < 1e-6 * float(log_ratio.square().sum())

@@ -334,6 +334,28 @@ def test_a_seeded_sweep_summarises_each_configuration_over_its_seeds(store, tmp_
     assert [r["n"] for r in rows] == [2, 2] and all(r["ci95"] is not None for r in rows)
 
 
+def test_in_flight_arms_sit_at_their_measured_per_token_staleness(store, tmp_path):
+    """The study's in-flight arm: null (whole sequences) beside a mapping of switches; the
+    staleness table puts each cell at its runs' mean staleness/token_mean."""
+    from pipelines.sweeps import staleness_table
+
+    space = {"orchestrator.lag": [2], "orchestrator.inflight": [None, {"label": "switch", "switch_at": [1, 2]}]}
+    overrides = [*SHORT, "trainer.steps=6", "orchestrator.mode=lagged", "orchestrator.lag=2"]
+    sweep, base = load_sweep(write_sweep(tmp_path, name="arms", method="grid", overrides=overrides, space=space))
+    assert choice_label(None) == "none" and choice_value(sweep.space["orchestrator.inflight"], "none") is None
+    result = run_sweep(sweep, base, poll_s=0.2)
+    assert result.complete and [r["state"] for r in result.rows] == ["COMPLETE"] * 2
+    table = staleness_table(sweep, result.rows)
+    (whole,), (switched,) = table["eval/accuracy · none"], table["eval/accuracy · switch"]
+    # whole sequences: the first steps train fresher data (version max(0, n − 2)), then 2
+    assert 1.0 < whole < 2.0 and 0.0 < switched < whole  # the switches make tokens fresher
+    _, children = sweep_runs(store)
+    configs = {c.data.tags["sweep.config"]: c.data.params for c in children}
+    assert sorted(configs) == ["inflight=none·lag=2", "inflight=switch·lag=2"], sorted(configs)
+    assert configs["inflight=switch·lag=2"]["orchestrator.inflight.switch_at"] == "[1, 2]"
+    assert "orchestrator.inflight.switch_at" not in configs["inflight=none·lag=2"]
+
+
 @pytest.mark.slow
 def test_an_interrupted_trial_continues_from_its_checkpoint_when_the_sweep_runs_again(store, tmp_path):
     path = write_sweep(
