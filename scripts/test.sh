@@ -8,7 +8,7 @@ bash scripts/setup.sh
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
-.venv/bin/python -m pytest
+.venv/bin/python -m pytest --durations=15  # the slowest tests: CI's time budget is 35 min
 if [ -z "${ASYNCRLHF_SKIP_VLLM:-}" ]; then
     bash scripts/test-vllm.sh
 fi
