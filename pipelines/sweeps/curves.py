@@ -3,7 +3,8 @@
 The summary table holds each configuration's final objective; these are the paths that
 led there: the objective against optimiser updates, and the trust-region statistics
 (``policy/m2``, the clip and mask fractions, ``policy/ratio_max``) against the step, one
-panel per staleness value and one line per objective (the seed mean, with the seeds'
+panel per staleness value and one line per objective (and in-flight arm, when the
+sweep has both; the seed mean, with the seeds'
 range as a band).
 """
 
@@ -13,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipelines.sweeps.report import SweepReport, staleness_axes
+from pipelines.sweeps.report import SweepReport, arm_label, staleness_axes
 from pipelines.tracking.plots import plot_study_curves
 
 __all__ = ["CURVE_METRICS", "Curve", "study_curves", "write_study_curves"]
@@ -48,13 +49,13 @@ def study_curves(client: Any, report: SweepReport) -> dict[str, dict[Any, dict[A
     runs; the sweep's objective is keyed by optimiser update, the rest by step."""
     axes = staleness_axes(report.sweep)
     assert axes is not None, "not a staleness sweep"
-    key, algo_key = axes
+    key = axes[0]
     objective = report.sweep.objective
     curves: dict[str, dict[Any, dict[Any, Curve]]] = {m: {} for m in (objective, *CURVE_METRICS)}
     for row in report.rows:
         if row["state"] != "COMPLETE" or not row["run_ids"]:
             continue
-        label = str(row["params"].get(algo_key, "")) if algo_key else objective
+        label = arm_label(report.sweep, row["params"])  # with the in-flight arm, when swept
         run_ids = list(row["run_ids"].values())
         scale = _updates_per_step(client.get_run(run_ids[0]).data.params)
         for metric in curves:

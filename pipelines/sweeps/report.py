@@ -19,7 +19,7 @@ from pipelines.sweeps.stats import SeedSummary, summarize
 from pipelines.sweeps.study import INTERRUPTED
 from pipelines.tracking.plots import plot_objective, plot_staleness
 
-__all__ = ["SweepReport", "format_value", "staleness_axes", "staleness_table", "trial_rows"]
+__all__ = ["SweepReport", "arm_label", "format_value", "staleness_axes", "staleness_table", "trial_rows"]
 
 _ATTRS = ("number", "value", "datetime_start", "datetime_complete", "params", "user_attrs", "state")
 _COUNTED = ("COMPLETE", "PRUNED", "FAIL")
@@ -95,6 +95,15 @@ def staleness_axes(sweep: SweepSpec) -> tuple[str, str | None] | None:
     return key, algo
 
 
+def arm_label(sweep: SweepSpec, params: dict[str, Any]) -> str:
+    """What a staleness sweep draws as one line: the algorithm's label (the objective's
+    name when only staleness varies), with the in-flight arm when that is swept too."""
+    axes = staleness_axes(sweep)
+    algo_key = axes[1] if axes else None
+    label = str(params.get(algo_key, "")) if algo_key else sweep.objective
+    return f"{label} · {params.get(INFLIGHT_KEY, 'none')}" if INFLIGHT_KEY in sweep.space else label
+
+
 def staleness_table(sweep: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, dict[Any, SeedSummary]]:
     """Objective of complete trials per algorithm and staleness value, summarised over
     every seed of every matching trial (mean, std, 95% CI, n).
@@ -105,16 +114,14 @@ def staleness_table(sweep: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, d
     the run, seed mean, in versions), so in-flight and whole-sequence data sit on one axis."""
     axes = staleness_axes(sweep)
     assert axes is not None, "not a staleness sweep"
-    key, algo_key = axes
+    key = axes[0]
     arms = INFLIGHT_KEY in sweep.space
     cells: dict[str, dict[Any, list[float]]] = {}
     for r in rows:
         if r["state"] == "COMPLETE":
-            algo = str(r["params"].get(algo_key, "")) if algo_key else sweep.objective
-            x = r["params"][key]
-            if arms:
-                algo = f"{algo} · {r['params'].get(INFLIGHT_KEY, 'none')}"
-                x = x if r.get("token_staleness") is None else round(float(r["token_staleness"]), 2)
+            algo, x = arm_label(sweep, r["params"]), r["params"][key]
+            if arms and r.get("token_staleness") is not None:
+                x = round(float(r["token_staleness"]), 2)
             values = list(r["seed_values"].values()) or [r["value"]]
             cells.setdefault(algo, {}).setdefault(x, []).extend(values)
     return {a: {k: summarize(v) for k, v in sorted(by_k.items())} for a, by_k in cells.items()}
@@ -150,6 +157,7 @@ class SweepReport:
                     "seed_values": r["seed_values"],
                     "last_step": r["last_step"],
                     "duration_s": r["duration_s"],
+                    "token_staleness": r["token_staleness"],  # seed mean of the run's staleness/token_mean
                     "run_ids": r["run_ids"],
                     "error": r["error"],
                 }
@@ -159,7 +167,7 @@ class SweepReport:
 
     def display(self) -> tuple[list[str], list[list[str]]]:
         """Header and string cells for people: the CLI's table and ``trials.md``."""
-        seeded = bool(self.sweep.seeds)
+        seeded, arms = bool(self.sweep.seeds), INFLIGHT_KEY in self.sweep.space
         head = [
             "rank",
             "trial",
@@ -167,6 +175,7 @@ class SweepReport:
             self.objective_label,
             *(["std", "per seed"] if seeded else []),
             *self.sweep.space,
+            *(["token staleness"] if arms else []),
             "steps",
             "time (s)",
         ]
@@ -177,6 +186,8 @@ class SweepReport:
                 per_seed = ", ".join(f"{seed}: {value:.3f}" for seed, value in sorted(r["seed_values"].items()))
                 spread = ["" if r["std"] is None else f"{r['std']:.4f}", per_seed]
             params = [_short(r["params"].get(k, "")) for k in self.sweep.space]
+            if arms:  # the measured mean per-token staleness the plot draws the trial at
+                params.append("" if r["token_staleness"] is None else f"{r['token_staleness']:.2f}")
             steps = "" if r["last_step"] is None else str(r["last_step"])
             duration = "" if r["duration_s"] is None else f"{r['duration_s']:.0f}"
             cells.append([str(rank), str(r["number"]), r["state"], format_value(r), *spread, *params, steps, duration])

@@ -278,8 +278,8 @@ def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, t
                 capsize=3,
             )
     ax.set_xscale("symlog", linthresh=1)
-    lags = sorted({k for by_k in table.values() for k in by_k})
-    ax.set_xticks(lags, [str(k) for k in lags])  # every lag labelled, 4 and 16 too
+    ticks = _spaced_ticks({k for by_k in table.values() for k in by_k})
+    ax.set_xticks(ticks, [f"{k:g}" for k in ticks])  # every lag labelled, 4 and 16 too
     ax.xaxis.set_minor_locator(_null_locator())
     ax.set_xlabel(f"staleness ({key})")
     ax.set_ylabel(f"final {objective}")
@@ -288,6 +288,22 @@ def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, t
         _legend_beside(ax)
     ax.set_title(title, loc="left")
     save(fig, path)
+
+
+def _spaced_ticks(values: set[Any], gap: float = 0.08) -> list[Any]:
+    """The staleness values to label on a symlog axis, none within ``gap`` decades of
+    another: whole numbers (the lags a sweep set) first, then measured means such as an
+    in-flight arm's per-token staleness where there is room for them."""
+    import math
+
+    def at(k: Any) -> float:
+        return math.log10(1.0 + abs(float(k)))
+
+    kept: list[Any] = []
+    for k in sorted(values, key=lambda v: (float(v) != int(float(v)), float(v))):
+        if all(abs(at(k) - at(other)) >= gap for other in kept):
+            kept.append(k)
+    return sorted(kept, key=float)
 
 
 def _null_locator() -> Any:

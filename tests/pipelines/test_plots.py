@@ -103,9 +103,16 @@ def test_sweep_plots_label_every_lag_and_keep_error_bars_apart(drawn, tmp_path):
     plots.plot_staleness(table, "orchestrator.lag", "eval/accuracy", LONG_TITLE, tmp_path / "staleness.png")
     labels = [t.get_text() for t in drawn[0].axes[0].get_xticklabels()]
     assert labels == ["0", "1", "4", "16"]
+    # In-flight arms at measured per-token staleness beside the lags: labelled only where
+    # they do not print over a lag or one another (14.7 beside 16 did).
+    table = {"a · none": {4.0: summarize([0.5]), 16.0: summarize([0.4])}}
+    table["a · switch"] = {2.67: summarize([0.5]), 14.7: summarize([0.4])}
+    table["b · switch"] = {2.69: summarize([0.5]), 14.68: summarize([0.4])}
+    plots.plot_staleness(table, "mean per-token", "eval/accuracy", LONG_TITLE, tmp_path / "inflight.png")
+    assert [t.get_text() for t in drawn[-1].axes[0].get_xticklabels()] == ["2.67", "4", "16"]
     rows = [{"params": {"lag": k, "algorithm": a}, "value": 0.5, "ci95": 0.1} for k in (0, 4) for a in ("x", "y")]
     plots.plot_objective(rows, ["lag", "algorithm"], "eval/accuracy", {}, LONG_TITLE, tmp_path / "objective.png")
-    lag_panel = drawn[1].axes[0]
+    lag_panel = drawn[-1].axes[0]
     xs = sorted(x for line in lag_panel.lines for x in line.get_xdata())
     assert len(set(xs)) == 4 and [t.get_text() for t in lag_panel.get_xticklabels()] == ["0", "4"]
 

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from pipelines.spec.files import SpecError
 from pipelines.sweeps import default_storage, load_sweep, run_sweep
+from pipelines.sweeps.report import SweepReport
 from pipelines.sweeps.spec import SweepSpec, choice_label, choice_value
 from tests.helpers import patience
 from tests.pipelines.conftest import REPO, cli, env
@@ -349,6 +350,9 @@ def test_in_flight_arms_sit_at_their_measured_per_token_staleness(store, tmp_pat
     (whole,), (switched,) = table["eval/accuracy · none"], table["eval/accuracy · switch"]
     # whole sequences: the first steps train fresher data (version max(0, n − 2)), then 2
     assert 1.0 < whole < 2.0 and 0.0 < switched < whole  # the switches make tokens fresher
+    head, cells = SweepReport(sweep, result.rows).display()  # the table shows where each trial sits
+    shown = {row[head.index("orchestrator.inflight")]: float(row[head.index("token staleness")]) for row in cells}
+    assert shown == {"none": round(whole, 2), "switch": round(switched, 2)}
     _, children = sweep_runs(store)
     configs = {c.data.tags["sweep.config"]: c.data.params for c in children}
     assert sorted(configs) == ["inflight=none·lag=2", "inflight=switch·lag=2"], sorted(configs)

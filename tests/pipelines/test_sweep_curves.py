@@ -59,3 +59,27 @@ def test_curves_average_the_seeds_at_shared_steps_and_count_accuracy_in_updates(
 
     path = write_study_curves(client, report, tmp_path)
     assert path == tmp_path / "curves_by_staleness.png" and path.stat().st_size > 10_000
+
+
+def test_in_flight_arms_draw_lines_of_their_own(tmp_path):
+    """The in-flight study's curves once merged each algorithm's two arms into one line
+    (the later trial overwrote the earlier): each arm is its own line now."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("study", artifact_location=str(tmp_path / "artifacts"))
+
+    def run(accuracy: float) -> str:
+        run_id = client.create_run(experiment).info.run_id
+        client.log_metric(run_id, "eval/accuracy", accuracy, step=0)
+        return run_id
+
+    sweep, _ = load_sweep(REPO / "experiments" / "staleness_study_inflight.yaml")
+    rows = [
+        {
+            "state": "COMPLETE",
+            "params": {"orchestrator.lag": 4, "orchestrator.inflight": arm, "algorithm": "grpo"},
+            "run_ids": {"0": run(accuracy)},
+        }
+        for arm, accuracy in (("none", 0.3), ("switch_1_4", 0.2))
+    ]
+    curves = study_curves(client, SweepReport(sweep, rows))["eval/accuracy"][4]
+    assert {label: curve[1] for label, curve in curves.items()} == {"grpo · none": [0.3], "grpo · switch_1_4": [0.2]}
