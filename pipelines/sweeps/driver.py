@@ -302,7 +302,9 @@ class Driver:
         try:
             self._drain(job)
             out = ray.get(ref)
-            if out["state"] == "pruned":  # it stopped when asked
+            # it stopped when asked, or its last metrics (drained just now) pruned it as it ended:
+            # the trial is pruned, so its run says so too
+            if out["state"] == "pruned" or config.pruned:
                 job.tracker.flush()
                 end_run(self.client, job.tracker.run_id, "KILLED", "pruned" if config.pruned else "stopped")
             else:
