@@ -3,9 +3,8 @@
 The summary table holds each configuration's final objective; these are the paths that
 led there: the objective against optimiser updates, and the trust-region statistics
 (``policy/m2``, the clip and mask fractions, ``policy/ratio_max``) against the step, one
-panel per staleness value and one line per objective (and in-flight arm, when the
-sweep has both; the seed mean, with the seeds'
-range as a band).
+panel per staleness value and one line per objective, and per in-flight arm when the
+sweep has them (the seed mean, with the seeds' range as a band).
 """
 
 from __future__ import annotations

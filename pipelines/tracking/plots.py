@@ -5,6 +5,7 @@ setting and lr), so a PNG seen alone still says which run it is."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +280,7 @@ def plot_staleness(table: dict[str, dict[Any, Any]], key: str, objective: str, t
             )
     ax.set_xscale("symlog", linthresh=1)
     ticks = _spaced_ticks({k for by_k in table.values() for k in by_k})
-    ax.set_xticks(ticks, [f"{k:g}" for k in ticks])  # every lag labelled, 4 and 16 too
+    ax.set_xticks(ticks, [f"{k:g}" for k in ticks])  # every lag labelled (4 and 16 too), no two overlapping
     ax.xaxis.set_minor_locator(_null_locator())
     ax.set_xlabel(f"staleness ({key})")
     ax.set_ylabel(f"final {objective}")
@@ -294,7 +295,6 @@ def _spaced_ticks(values: set[Any], gap: float = 0.08) -> list[Any]:
     """The staleness values to label on a symlog axis, none within ``gap`` decades of
     another: whole numbers (the lags a sweep set) first, then measured means such as an
     in-flight arm's per-token staleness where there is room for them."""
-    import math
 
     def at(k: Any) -> float:
         return math.log10(1.0 + abs(float(k)))
