@@ -4,7 +4,9 @@ killed mid-run stops the run at once, naming the rank, and the run resumes exact
 
 from __future__ import annotations
 
+import functools
 import time
+from typing import Any
 
 import pytest
 import ray
@@ -105,13 +107,26 @@ def test_a_group_the_cluster_cannot_place_is_refused_up_front():
         check_capacity(1, half, half, 2, "STRICT_SPREAD")
 
 
+@functools.cache
+def _uninterrupted() -> Any:
+    """Six steps of one process: any number of ranks gives the same samples (the 50-step
+    test), so every resharding case compares with this run."""
+    return run(1, 6)[0]
+
+
+@functools.cache
+def _checkpoint(ranks: int) -> dict[str, Any]:
+    """The state at step 3 of a run of ``ranks`` (shared by the cases it resumes in: a
+    resume reads its shards, writes nothing there)."""
+    return checkpoint_then_die(build(ranks), at=3, steps=6)
+
+
 @pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (2, 4), (1, 2)])
 def test_a_checkpoint_resumes_onto_another_number_of_ranks(saved, resumed):
     """Resharding: the shards of 2 ranks onto 1 (read whole) or 4, one process's whole
     state split onto 2. The same samples follow; the losses agree within the rounding of
     another split (the 50-step run's bounds)."""
-    reference, _ = run(saved, 6)
-    state = checkpoint_then_die(build(saved), at=3, steps=6)
+    reference, state = _uninterrupted(), _checkpoint(saved)
     assert ("attachments" in state) == (saved > 1)
     second = build(resumed, "runtime.trainer.num_cpus=0.25")  # 4 ranks and a rollout actor in 2 CPUs
     try:
