@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.distributed.weights import Layout, WeightChannel, layout_of
-from asyncrlhf.models import weights_checksum
+from asyncrlhf.models import Checksum, weights_checksum
 from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import RunConfig
 from asyncrlhf.orchestration.schedule import TrainerSide
@@ -35,9 +35,17 @@ from asyncrlhf.orchestration.weights import Snapshot
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience
 
-__all__ = ["Bound", "RolloutActor", "TrainerActor"]
+__all__ = ["PIECE_BYTES", "Bound", "RolloutActor", "TrainerActor", "joined"]
 
 Event = tuple[str, str, float, float]  # (worker, phase, start, end), wall-clock seconds
+# The object-store publication's pieces: what a trainer group's rank 0 holds beside its
+# shards while it publishes (`asyncrlhf bench --suite full --case sharded` measures it)
+PIECE_BYTES = 8 << 20
+
+
+def joined(pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """A publication's pieces (fetched from the object store) as one state dict."""
+    return {name: t for piece in pieces for name, t in piece.items()}
 
 
 def _set_threads(threads: int | None) -> None:
@@ -87,8 +95,8 @@ class RolloutActor:
         """Generate ``problems`` × G experiences with exactly ``version``'s weights,
         sampling from ``seed`` (the chunk's own, whichever worker runs it).
 
-        ``weights`` is ``[ObjectRef]`` (a list, so Ray does not fetch the object unless
-        this actor needs to load it). Returns ``(meta, experiences)``; the driver reads
+        ``weights`` is the published pieces' ``[ObjectRef, …]`` (a list, so Ray does not
+        fetch them unless this actor needs to load them). Returns ``(meta, experiences)``; the driver reads
         the small ``meta`` and hands ``experiences`` to the trainer by reference.
         """
         import ray
@@ -96,7 +104,7 @@ class RolloutActor:
         self.events = []
         if self.loaded != version:
             start = time.time()
-            state = ray.get(weights[0]) if weights else self._received(version)
+            state = joined(ray.get(weights)) if weights else self._received(version)
             self.events.append((self.name, "wait", start, time.time()))
             self.checksum = self.worker.load_snapshot(Snapshot(version, state, checksum))
             self.loaded = version
@@ -142,17 +150,25 @@ class TrainerActor:
         self.side = TrainerSide(self.trainer, config, self._put, lambda *event: self.events.append(event))
 
     def _put(self) -> None:
-        self._stage(self.trainer.state_dict())
-
-    def _stage(self, state: dict[str, Any]) -> None:
-        """Publish gathered weights: one object-store copy, or a staged copy for the
-        weights group's broadcast (``[]`` in place of the reference)."""
+        """Publish the current weights: into the object store piece by piece (each piece
+        put before the next is gathered, so a trainer group's rank 0 never holds them
+        whole), or whole into the stage of the weights group's broadcast."""
         import ray
 
-        version, checksum = self.trainer.version, weights_checksum(state)
-        if self.channel is None:
-            self.published = (version, checksum, [ray.put(state)])
+        if self.channel is not None:
+            self._stage(self.trainer.state_dict())
             return
+        checksum, refs = Checksum(), []
+        for piece in self.trainer.stream_state(PIECE_BYTES):
+            checksum.update(piece)
+            refs.append(ray.put(piece))
+        if refs:  # a group's other ranks take part in the gathers and publish nothing
+            self.published = (self.trainer.version, checksum.hexdigest(), refs)
+
+    def _stage(self, state: dict[str, Any]) -> None:
+        """A staged copy of the weights for the weights group's broadcast (``[]`` in place
+        of the object-store references)."""
+        version, checksum = self.trainer.version, weights_checksum(state)
         if layout_of(state) != self.channel.layout:
             raise RuntimeError("the published weights no longer match the weights group's layout")
         self.channel.stage(version, state)
@@ -183,7 +199,7 @@ class TrainerActor:
         return list(self.channel.versions.items())
 
     def publish(self) -> tuple[int, str, list[Any]]:
-        """Put the current weights in the object store once: ``(version, checksum, [ref])``."""
+        """Publish the current weights once: ``(version, checksum, [ref, …])`` (see :meth:`_put`)."""
         self.side.publish()
         published, self.published, self.events = self.published, None, []
         assert published is not None

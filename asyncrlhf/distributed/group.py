@@ -5,10 +5,11 @@
 Every rank runs the same :class:`~asyncrlhf.distributed.actors.TrainerActor` program on
 the same data (buffer, advantages, the step, publication, the evaluation); the
 collectives inside the trainer keep them in step. Rank 0 speaks for the group: its
-results are the driver's, it puts the gathered weights in the object store and it
-evaluates. A rank that dies takes the group down with it: its peers' next collective
-fails (gloo notices the closed connection, or gives up after the run's timeout), and so
-does the run, loudly; it resumes from its last sharded checkpoint.
+results are the driver's and it puts the gathered weights in the object store, piece by
+piece; every rank evaluates, generating together on the sharded model. A rank that dies
+takes the group down with it: its peers' next collective fails (gloo notices the closed
+connection, or gives up after the run's timeout), and so does the run, loudly; it resumes
+from its last sharded checkpoint.
 
 :class:`TrainerGroup` is the driver's handle: ``group.train.remote(...)`` calls every rank
 and returns rank 0's reference, as one actor's handle would, so the Ray orchestrator
@@ -62,9 +63,11 @@ class TrainerRank(TrainerActor):
         return {"rank": self.rank, "node": context.get_node_id(), "pid": os.getpid()}
 
     def _put(self) -> None:
-        state = self.trainer.state_dict()  # every rank takes part in the gather; rank 0 gets it
         if self.rank == 0:
-            self._stage(state)
+            super()._put()
+            return
+        for _ in self.trainer.stream_state():  # take part in rank 0's gathers (it gets the pieces)
+            pass
 
     def publish(self) -> tuple[int, str, list[Any]] | None:
         self.side.publish()

@@ -37,7 +37,7 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError, RayError
 
 from asyncrlhf._checks import check_nonnegative_int, check_positive_int
-from asyncrlhf.distributed.actors import Bound, RolloutActor
+from asyncrlhf.distributed.actors import Bound, RolloutActor, joined
 from asyncrlhf.distributed.group import TrainerGroup
 from asyncrlhf.distributed.resources import RayLayout, check_capacity
 from asyncrlhf.distributed.weights import WeightBroadcasts
@@ -302,7 +302,7 @@ class RayOrchestrator(RuntimeBase):
     def _own_state(self) -> dict[str, Any]:
         staged = dict(self._get(self.trainer.ranks[0].staged_weights.remote())) if self.broadcasts else {}
         ring = [
-            (version, staged[version] if staged else self._get(ref[0]), checksum)
+            (version, staged[version] if staged else joined(self._get(ref)), checksum)
             for version, ref, checksum in self.published.state_dict()
         ]
         trainer, attachments = self.trainer.state(self._get)

@@ -3,9 +3,11 @@
 and the numerics rollout and training share (:mod:`.ops`)."""
 
 from asyncrlhf.models.ops import (
+    Checksum,
     cache_argument,
     drop_weights,
     gather_cache_rows,
+    state_buckets,
     token_logprobs,
     weightless_copy,
     weights_checksum,
@@ -24,6 +26,7 @@ from asyncrlhf.models.warmstart import WarmStartConfig, fit_answers, warm_start
 
 __all__ = [
     "SHIPPED_POLICY",
+    "Checksum",
     "TinyModelConfig",
     "WarmStartConfig",
     "build_char_tokenizer",
@@ -38,6 +41,7 @@ __all__ = [
     "load_tokenizer",
     "pretrained_policy",
     "shipped_policy",
+    "state_buckets",
     "token_logprobs",
     "warm_start",
     "weightless_copy",

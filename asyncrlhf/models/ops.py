@@ -9,15 +9,17 @@ import copy
 import functools
 import hashlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 __all__ = [
+    "Checksum",
     "cache_argument",
     "drop_weights",
     "gather_cache_rows",
+    "state_buckets",
     "token_logprobs",
     "weightless_copy",
     "weights_checksum",
@@ -94,13 +96,46 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 def weights_checksum(weights: Any) -> str:
     """SHA-256 over every tensor of a model or state dict, in key order (device-agnostic)."""
     state: Mapping[str, torch.Tensor] = weights.state_dict() if hasattr(weights, "state_dict") else weights
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
-        digest.update(name.encode())
-        digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")  # the buffer itself, no copy
-    return digest.hexdigest()
+    checksum = Checksum()
+    checksum.update({name: state[name] for name in sorted(state)})
+    return checksum.hexdigest()
+
+
+def state_buckets(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    """``items`` (name, tensor), taken lazily, in dicts of about ``bucket_bytes`` each: a
+    dict is yielded once it reaches that size (so it is at most that plus one tensor)."""
+    bucket: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, t in items:
+        bucket[name] = t
+        size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = {}, 0
+    if bucket:
+        yield bucket
+
+
+class Checksum:
+    """:func:`weights_checksum` taken piece by piece: the same digest when the pieces
+    together hold every tensor once, in key order (as a streamed publication yields them)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._last = ""
+
+    def update(self, piece: Mapping[str, torch.Tensor]) -> None:
+        for name, t in piece.items():
+            if self._last and name <= self._last:
+                raise ValueError(f"checksum pieces out of key order: {name!r} after {self._last!r}")
+            tensor = t.detach().to("cpu").contiguous()
+            self._digest.update(name.encode())
+            self._digest.update(str(tensor.dtype).encode())
+            self._digest.update(tensor.view(torch.uint8).numpy() if tensor.numel() else b"")  # no copy
+            self._last = name
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
 
 
 def weightless_copy(model: torch.nn.Module) -> torch.nn.Module:

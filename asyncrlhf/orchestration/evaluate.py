@@ -63,11 +63,19 @@ def evaluate_accuracy(
     return evaluate(engine, problems, eos_token_id, pad_token_id, batch_size).accuracy
 
 
-def greedy_engine(model: Any, eos_token_id: int, pad_token_id: int, max_new_tokens: int) -> RolloutEngine:
-    """A greedy engine that shares ``model`` (no copy): evaluates the live policy."""
+def greedy_engine(
+    model: Any, eos_token_id: int, pad_token_id: int, max_new_tokens: int, stop: Callable[..., bool] | None = None
+) -> RolloutEngine:
+    """A greedy engine that shares ``model`` (no copy): evaluates the live policy (``stop``:
+    see :class:`~asyncrlhf.rollout.HFEngine`)."""
     from asyncrlhf.rollout.base import Sampling
     from asyncrlhf.rollout.hf import HFEngine
 
     return HFEngine(
-        model, eos_token_id, pad_token_id, sampling=Sampling(max_new_tokens=max_new_tokens, temperature=0.0), copy=False
+        model,
+        eos_token_id,
+        pad_token_id,
+        sampling=Sampling(max_new_tokens=max_new_tokens, temperature=0.0),
+        copy=False,
+        stop=stop,
     )

@@ -285,11 +285,9 @@ class TrainerSide:
         held_out = self.held_out
         if not held_out.problems:
             return Evaluation(float("nan"), [], [])
-        model = self.trainer.inference_model()  # a sharded trainer's other ranks: None
-        if model is None:
-            return Evaluation(float("nan"), [], [])
-        if self.eval_engine is None:
-            self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, held_out.max_new_tokens)
+        if self.eval_engine is None:  # a trainer group's ranks all generate, on the sharded model
+            model, stop = self.trainer.inference_model(), self.trainer.generation_stop()
+            self.eval_engine = greedy_engine(model, self.eos_token_id, self.pad_token_id, held_out.max_new_tokens, stop)
         start = clock()
         evaluation = evaluate(
             self.eval_engine, held_out.problems, self.eos_token_id, self.pad_token_id, scorer=held_out.scorer

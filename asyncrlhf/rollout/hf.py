@@ -13,7 +13,7 @@ one, which is real off-policyness and shows up in the ratio statistics.
 from __future__ import annotations
 
 import copy as copy_module
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,9 @@ class HFEngine(EngineBase):
         device: where the model runs (default: where it is).
         version: the policy version of the initial weights.
         copy: deep-copy ``model`` (default) instead of sharing it.
+        stop: decides from the finished rows (a bool tensor) when decoding stops before
+            the cap (default: once they all are); a trainer group evaluating on its
+            sharded model passes one that asks every rank, so all make the same passes.
     """
 
     def __init__(
@@ -52,8 +55,10 @@ class HFEngine(EngineBase):
         device: str | torch.device | None = None,
         version: int = 0,
         copy: bool = True,
+        stop: Callable[[torch.Tensor], bool] | None = None,
     ) -> None:
         self.model = (copy_module.deepcopy(model) if copy else model).eval()
+        self.stop = stop or _all_finished
         if device is not None:
             self.model.to(device)
         self.device = next(self.model.parameters()).device
@@ -113,7 +118,7 @@ class HFEngine(EngineBase):
             logprobs[:, t] = torch.where(finished, 0.0, logp)
             lengths += (~finished).long()
             finished |= token == self.eos_token_id
-            if t + 1 == self.max_new_tokens or bool(finished.all()):  # one sync per token, as HF generate
+            if t + 1 == self.max_new_tokens or self.stop(finished):  # one sync per token, as HF generate
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             if inflight is not None:
@@ -208,6 +213,10 @@ class HFEngine(EngineBase):
         token = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)  # (N,)
         # Scored on the (possibly truncated) distribution actually sampled from.
         return token, token_logprobs(scaled, token, 1.0)
+
+
+def _all_finished(finished: torch.Tensor) -> bool:
+    return bool(finished.all())
 
 
 def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:

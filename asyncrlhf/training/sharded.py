@@ -15,14 +15,16 @@ registered objective and aggregation, at 2 and 4 ranks with unequal tokens per r
 
 Every rank must take part in every forward and backward (FSDP2 gathers each layer's
 parameters then): a rank whose share of a mini-batch is empty runs one row with a zero
-weight. Weights for rollout engines and the held-out evaluation are gathered whole on
-rank 0 (the other ranks take part and get nothing) and held only until the next step,
-so between publications every rank holds its shards only; checkpoints are sharded, with
+weight. Weights for rollout engines are gathered piece by piece into rank 0 (the other
+ranks take part and get nothing), each piece handed on before the next is gathered, and
+the held-out evaluation runs on the sharded model, every rank generating together: no
+rank ever holds the whole weights beside its shards. Checkpoints are sharded, with
 ``torch.distributed.checkpoint``, and load onto any number of ranks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from asyncrlhf.models import drop_weights, weightless_copy, weights_checksum
+from asyncrlhf.models import state_buckets, weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, merge_state
 from asyncrlhf.training.trainer import TrainerWorker, _select
@@ -97,8 +99,8 @@ class ShardedTrainer(TrainerWorker):
     (``"fsdp"``: FSDP2 per decoder layer; ``"ddp"``: a full replica per rank).
 
     Every rank must make the same calls in the same order: :meth:`step`,
-    :meth:`state_dict` and :meth:`inference_model` (which gather the weights),
-    :meth:`save_sharded` and :meth:`load_sharded`.
+    :meth:`stream_state` and :meth:`state_dict` (which gather the weights), generation
+    with :meth:`inference_model`, :meth:`save_sharded` and :meth:`load_sharded`.
     """
 
     def __init__(self, model: Any, *args: Any, parallel: Parallel = "fsdp", **kwargs: Any) -> None:
@@ -112,25 +114,10 @@ class ShardedTrainer(TrainerWorker):
         published = merge_state(model, own) if self.lora else own
         self._layout = [(k, tuple(v.shape), v.dtype) for k, v in published.items()]
         del own, published
-        # rank 0 keeps the model's structure without its weights (on the meta device): the
-        # gathered weights go into it to evaluate with, and leave it at the next step
-        self._whole = weightless_copy(model) if self.rank == 0 else None
         super().__init__(wrap(model, parallel), *args, **kwargs)
         if self.ref_model is not None:
             self.ref_model = wrap(self.ref_model, parallel, trainable=False)
         self._peft = model  # the model itself (unwrapped): its LoRA layers' scaling, its peft config
-        self._gathered: tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
-
-    def step(self, experiences: Any) -> dict[str, float]:
-        self._release()
-        return super().step(experiences)
-
-    def _release(self) -> None:
-        """Drop the gathered weights (rank 0's whole copy): a step changes them, and
-        between publications a rank holds its shards only."""
-        self._gathered = None
-        if self._whole is not None:
-            drop_weights(self._whole)
 
     # ------------------------------------------------------ the split batch
     def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
@@ -163,27 +150,43 @@ class ShardedTrainer(TrainerWorker):
         return float(full() if full is not None else norm)
 
     # ------------------------------------------------------------- weights
-    def _gather(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Once per version: the whole weights under the model's own names and as
-        published (with LoRA: the base model's, adapters merged), on rank 0."""
-        if self._gathered is None or self._gathered[0] != self.version:
-            state = get_model_state_dict(self.model, options=_WHOLE)
-            if self.parallel == "ddp":  # the replica's own tensors, not a gather: copy them
-                state = {k: v.detach().clone() for k, v in state.items()}
-            published = merge_state(self._peft, state) if self.lora and self.rank == 0 else state
-            self._gathered = (self.version, state, published)
-        return self._gathered[1], self._gathered[2]
+    def stream_state(self, bucket_bytes: int = 16 << 20) -> Iterator[dict[str, torch.Tensor]]:
+        """The published weights gathered piece by piece, in key order, yielded on rank 0
+        (the other ranks take part in every gather and get nothing): rank 0 holds one
+        piece beside its shards, never the whole weights. Every rank runs it to the end."""
+        if self.lora:  # a merge needs a layer's base weight and adapters together: whole
+            state = self.state_dict()
+            yield from state_buckets(((k, state[k]) for k in sorted(state)), bucket_bytes)
+            return
+        shards = get_model_state_dict(self.model)  # DTensors under FSDP2, the replica under DDP
+        pieces = ((k, _whole_tensor(shards[k])) for k in sorted(shards))
+        if self.rank != 0:
+            for _ in pieces:  # take part in the gathers
+                pass
+            return
+        yield from state_buckets(pieces, bucket_bytes)
+
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        """The whole weights under the model's own names (with LoRA: its adapters), gathered."""
+        state = get_model_state_dict(self.model, options=_WHOLE)
+        if self.parallel == "ddp":  # the replica's own tensors, not a gather: copy them
+            state = {k: v.detach().clone() for k, v in state.items()}
+        return state
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The published weights on rank 0 (gathered once per version), ``{}`` elsewhere."""
-        published = self._gather()[1]  # every rank takes part in the gather
-        return published if self.rank == 0 else {}
+        """The published weights whole on rank 0 (in the model's order), ``{}`` elsewhere;
+        every rank takes part. A publication streams them instead (:meth:`stream_state`)."""
+        if self.lora:
+            own = self._own_state()
+            return merge_state(self._peft, own) if self.rank == 0 else {}
+        whole = {k: v for piece in self.stream_state() for k, v in piece.items()}
+        return {name: whole[name] for name, _, _ in self._layout} if self.rank == 0 else {}
 
     def adapter(self) -> dict[str, Any] | None:
         """With LoRA, on rank 0: the peft config and the adapters' weights (gathered)."""
         if not self.lora:
             return None
-        own = self._gather()[0]
+        own = self._own_state()
         if self.rank != 0:
             return None
         config = self._peft.peft_config["default"].to_dict()
@@ -198,15 +201,22 @@ class ShardedTrainer(TrainerWorker):
         return list(self._layout) if self.rank == 0 else []
 
     def inference_model(self) -> Any:
-        """Rank 0: the whole model (the gathered weights in the kept structure, until the
-        next step); the other ranks take part in the gather and get None."""
-        own = self._gather()[0]
-        if self._whole is None:
-            return None
-        # assign: the structure takes the gathered tensors themselves, so rank 0 holds the
-        # weights once (not a copy beside the gather); with LoRA its adapters are live
-        self._whole.load_state_dict(own, assign=True)
-        return self._whole
+        """The live model, on every rank: under FSDP2 sharded, so every rank must generate
+        with it together, the same forward passes (:meth:`generation_stop`), each pass
+        gathering one layer at a time; under DDP the replica."""
+        return self.model.module if self.parallel == "ddp" else self.model
+
+    def generation_stop(self) -> Callable[[torch.Tensor], bool]:
+        """Generation stops once every rank's rows are finished (one all-reduce per token,
+        as ``synced_gpus`` in ``transformers``): ranks that finish first keep making the
+        forward passes the others' gathers need."""
+
+        def everywhere(finished: torch.Tensor) -> bool:
+            left = torch.tensor([0 if bool(finished.all()) else 1], device=finished.device)
+            dist.all_reduce(left)
+            return int(left) == 0
+
+        return everywhere
 
     # --------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
@@ -233,7 +243,6 @@ class ShardedTrainer(TrainerWorker):
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=optim, options=options
             )
         self._restore_progress(state)
-        self._gathered = None
 
     def _names(self) -> dict[Any, str]:
         return {p: name.removeprefix("module.") for name, p in self.model.named_parameters()}
@@ -247,7 +256,6 @@ class ShardedTrainer(TrainerWorker):
     def load_sharded(self, folder: str | Path) -> None:
         """Read what :meth:`save_sharded` wrote, by any number of ranks."""
         load_shards(self.model, self.optimizer, folder)
-        self._gathered = None
 
 
 def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:
@@ -261,6 +269,13 @@ def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
     )
+
+
+def _whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A state-dict entry whole, on the CPU: an FSDP2 shard all-gathered, a replica's
+    tensor as it is (no copy: a publication copies what it keeps)."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t.detach()).cpu()
 
 
 def _trained(model: Any) -> StateDictOptions:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from asyncrlhf.losses import aggregation_share, policy_loss
-from asyncrlhf.models import weights_checksum
+from asyncrlhf.models import state_buckets, weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, load_adapter_state, merged_state_dict
 from asyncrlhf.training.optim import LrDecay, OptimConfig
@@ -239,8 +239,14 @@ class TrainerWorker:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
     def inference_model(self) -> Any:
-        """The live policy as one whole model, to generate with (the held-out evaluation)."""
+        """The live policy, to generate with (the held-out evaluation): here the whole
+        model; a trainer group's is sharded, and every rank generates with it together."""
         return self.model
+
+    def generation_stop(self) -> Callable[[torch.Tensor], bool] | None:
+        """When generation with :meth:`inference_model` stops, given this process's
+        finished rows: None (when they all are); a group's asks every rank."""
+        return None
 
     def _signal_rows(self, batch: ExperienceBatch) -> tuple[torch.Tensor | None, float]:
         """The rows with a non-zero advantage and their share of the loss (see
@@ -261,6 +267,15 @@ class TrainerWorker:
         if is_lora(self.model):
             return merged_state_dict(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def stream_state(self, bucket_bytes: int = 16 << 20) -> Iterator[dict[str, torch.Tensor]]:
+        """The published weights (those of :meth:`state_dict`) in key order, in pieces of
+        about ``bucket_bytes`` (a larger tensor is a piece of its own), so a publication
+        can hand each on (``ray.put``) before the next is made. Here the live tensors,
+        detached (no copy: the consumer copies them before the next step); a trainer
+        group gathers each piece on rank 0 (see :class:`~asyncrlhf.training.sharded.ShardedTrainer`)."""
+        state = merged_state_dict(self.model) if is_lora(self.model) else self.model.state_dict()
+        yield from state_buckets(((k, state[k].detach()) for k in sorted(state)), bucket_bytes)
 
     def checksum(self) -> str:
         return weights_checksum(self.state_dict() if is_lora(self.model) else self.model)

@@ -35,6 +35,7 @@ TARGETS: dict[str, float] = {
     "losses.m2po_token_vs_ppo": 1.5,
     "sharded.training_memory.2_ranks": 0.6,  # FSDP2 per-rank memory at N = 2 against N = 1
     "sharded.publishing_memory.2_ranks": 0.6,
+    "sharded.evaluating_memory.2_ranks": 0.6,
     "inflight.latency.s2.inflight_vs_async": 1.3,  # a long tail of response lengths (issue 27)
 }
 REWARD_FIGURES: dict[str, Literal["higher", "lower"]] = {

@@ -33,7 +33,8 @@ def weight_sync_case(params: dict[str, Any]) -> list[Any]:
 
 def sharded_case(params: dict[str, Any]) -> list[Any]:
     """Per-rank memory of a 2-rank FSDP2 trainer against one process (about 50M
-    parameters); the largest rank's ratio, so rank 0's gathered copy of the weights counts."""
+        parameters) training, publishing and evaluating; the largest rank's ratio, so what rank 0
+    holds of a publication counts."""
     from pipelines.bench import sharded
     from pipelines.bench.cases import TARGETS, Figure
 
@@ -41,7 +42,7 @@ def sharded_case(params: dict[str, Any]) -> list[Any]:
     note = f"{r['parameters'] / 1e6:.0f}M parameters, {params['parallel']}, largest rank / one process"
     return [
         Figure(name, ratio, ratio, ratio, "lower", gate=False, note=note, target=TARGETS.get(name))
-        for phase in ("training", "publishing")
+        for phase in ("training", "publishing", "evaluating")
         for world, ratio in r[phase]["ratio"].items()
         if world > 1
         for name in [f"sharded.{phase}_memory.{world}_ranks"]

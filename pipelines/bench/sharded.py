@@ -1,11 +1,13 @@
 """Per-rank memory of a trainer group against one trainer process, for a model of about
 50M parameters: N gloo ranks (one process each) build the model, train two steps on the
-same batch three times, publishing (gathering) the weights after the second; each reports
-its resident memory less its memory before the model was built (the interpreter,
-torch) in two phases: training (the largest of the samples after each step, the third
-included: a publication's gather must not outlive it) and publishing (with the gathered
-weights and rank 0's whole model), so the figures are what the training state (weights,
-gradients, AdamW's moments, activations) and a publication take on that rank.
+same batch three times, publishing the weights and evaluating after the second; each
+reports its resident memory less its memory before the model was built (the interpreter,
+torch) in three phases: training (the largest of the samples after each step, the third
+included: nothing of a publication may outlive it), publishing (the largest sample while
+the weights stream out in the object-store publication's pieces, each dropped once its
+checksum is taken, as ``ray.put`` hands it on) and evaluating (greedy generation on the
+live model, every rank together), so the figures are what the training state (weights,
+gradients, AdamW's moments, activations), a publication and an evaluation take on that rank.
 """
 
 from __future__ import annotations
@@ -74,12 +76,10 @@ def _rank(rank: int, world: int, port: int, parallel: str, queue: Any, lora: boo
             seconds.append(time.perf_counter() - start)
             training.append(_rss())
             if step == 1:
-                state = trainer.state_dict()  # the publication's gather
-                whole = trainer.inference_model()  # rank 0's whole model, to evaluate with
-                publishing = _rss()
-                del state, whole
+                publishing = _publish(trainer)
+                evaluating = _evaluate(trainer, tokenizer)
         seconds = seconds[1]  # the second step's: the first allocates the moments
-        queue.put((rank, max(training) - before, publishing - before, parameters, seconds))
+        queue.put((rank, max(training) - before, publishing - before, parameters, seconds, evaluating - before))
         queue.close()
         queue.join_thread()  # the feeder thread has written it before os._exit
     finally:
@@ -89,7 +89,37 @@ def _rank(rank: int, world: int, port: int, parallel: str, queue: Any, lora: boo
     os._exit(0)  # no C++ static destructors at exit (see tests/training/test_sharded.py)
 
 
-def _group(world: int, parallel: str, lora: bool = False) -> list[tuple[int, int, int, int, float]]:
+def _publish(trainer: Any) -> int:
+    """The largest resident memory while the weights stream out (see the module's doc)."""
+    from asyncrlhf.distributed.actors import PIECE_BYTES
+    from asyncrlhf.models import Checksum
+
+    checksum, most = Checksum(), _rss()
+    for piece in trainer.stream_state(PIECE_BYTES):
+        checksum.update(piece)
+        most = max(most, _rss())
+        del piece
+    return most
+
+
+def _evaluate(trainer: Any, tokenizer: Any) -> int:
+    """Resident memory after greedy responses to 32 prompts on the live model."""
+    from asyncrlhf.orchestration.evaluate import greedy_engine
+
+    engine = greedy_engine(
+        trainer.inference_model(), tokenizer.eos_token_id, tokenizer.pad_token_id, 16, trainer.generation_stop()
+    )
+    engine.generate([_prompt(i) for i in range(32)])
+    return _rss()
+
+
+def _prompt(i: int) -> Any:
+    import torch
+
+    return torch.tensor([1, 10 + i % 5, 20 + i % 7, 3, 30 + i % 3])
+
+
+def _group(world: int, parallel: str, lora: bool = False) -> list[tuple[int, int, int, int, float, int]]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     with socket.socket() as s:
@@ -109,14 +139,14 @@ def _group(world: int, parallel: str, lora: bool = False) -> list[tuple[int, int
 
 
 def run(worlds: tuple[int, ...] = (1, 2), parallel: str = "fsdp") -> dict[str, Any]:
-    """Per world size and phase (``training``: the steps; ``publishing``: with the
-    gathered weights and rank 0's whole model): each rank's memory (bytes) and the largest
-    rank's ratio to one process's. The ranks run with glibc's mmap threshold fixed, so
+    """Per world size and phase (``training``: the steps; ``publishing``: streaming the
+    weights out; ``evaluating``: generating on the live model): each rank's memory (bytes)
+    and the largest rank's ratio to one process's. The ranks run with glibc's mmap threshold fixed, so
     freed tensors leave the resident set and it measures what is held."""
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # inherited by the spawned ranks
     ranks = {world: _group(world, parallel) for world in worlds}
     out: dict[str, Any] = {"parameters": ranks[worlds[0]][0][3]}
-    for phase, column in (("training", 1), ("publishing", 2)):
+    for phase, column in (("training", 1), ("publishing", 2), ("evaluating", 5)):
         per_rank = {world: [r[column] for r in rows] for world, rows in ranks.items()}
         one = max(per_rank[1])
         out[phase] = {"per_rank": per_rank, "ratio": {w: max(v) / one for w, v in per_rank.items()}}

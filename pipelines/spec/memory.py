@@ -50,11 +50,20 @@ def weight_bytes(spec: ExperimentSpec) -> int:
 def rank_bytes(spec: ExperimentSpec) -> int:
     """One trainer rank's weights, gradients, AdamW moments and reference model: 1/N of
     them under FSDP2 (``runtime.trainer.parallel: fsdp``), all of them under DDP; rank 0
-    of a group also holds the whole weights once (gathered to publish and evaluate)."""
+    of a group also holds what it publishes: one piece of the object-store publication
+    (the weights stream out piece by piece), or the whole weights staged for a
+    ``collective`` sync's broadcast. The evaluation runs on the sharded model."""
+    from asyncrlhf.distributed.actors import PIECE_BYTES
+    from asyncrlhf.distributed.weights import choose_sync
+
     ranks, parallel = spec.runtime.trainer.ranks, spec.runtime.trainer.parallel
-    state = (4 + (1 if spec.algorithm.uses_reference else 0)) * weight_bytes(spec)
+    weights = weight_bytes(spec)
+    state = (4 + (1 if spec.algorithm.uses_reference else 0)) * weights
     share = state // ranks if parallel == "fsdp" else state
-    return share + (weight_bytes(spec) if ranks > 1 else 0)
+    if ranks == 1:
+        return share
+    staged = choose_sync(spec.runtime.weight_sync, weights) == "collective"
+    return share + (weights if staged else min(weights, PIECE_BYTES))
 
 
 def estimate_bytes(spec: ExperimentSpec) -> dict[str, int]:

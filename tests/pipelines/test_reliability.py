@@ -16,6 +16,7 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
+from asyncrlhf.distributed.actors import PIECE_BYTES
 from pipelines import cli as cli_module
 from pipelines.run import run_experiment
 from pipelines.spec import load_spec
@@ -136,11 +137,17 @@ def test_the_estimate_knows_ranks_fsdp_shares_the_training_state():
     two, ddp = (
         load_spec(QUICKSTART, [*ray, "runtime.trainer.ranks=2", *x]) for x in ([], ["runtime.trainer.parallel=ddp"])
     )
+    assert p < PIECE_BYTES  # the quick start's weights are one publication piece
     assert rank_bytes(one) == 4 * p  # weights, gradients, AdamW's two moments
-    assert rank_bytes(two) == 2 * p + p  # half the state, and rank 0's whole weights
+    assert rank_bytes(two) == 2 * p + p  # half the state, and rank 0's publication
     assert rank_bytes(ddp) == 4 * p + p
     model = [estimate_bytes(s)["model"] for s in (one, two, ddp)]  # the ranks and the rollout engine's copy
     assert model == [5 * p, 2 * 3 * p + p, 2 * 5 * p + p]
+    big = [*ray, "runtime.trainer.ranks=2", "model.hidden_size=768", "model.intermediate_size=2048"]
+    big = [*big, "model.num_layers=8", "model.num_heads=12"]
+    streamed, staged = (load_spec(QUICKSTART, [*big, f"runtime.weight_sync={x}"]) for x in ("auto", "collective"))
+    p = weight_bytes(streamed)  # 57M parameters: the object store's pieces, or a whole staged copy
+    assert rank_bytes(streamed) == 2 * p + PIECE_BYTES and rank_bytes(staged) == 3 * p
 
 
 def test_a_moved_store_reads_and_writes_the_artifacts_beside_it(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from asyncrlhf.losses import group_advantages, policy_losses
-from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from asyncrlhf.models import TinyModelConfig, build_char_tokenizer, build_tiny_model, weights_checksum
 from asyncrlhf.rollout import HFEngine, Sampling
 from asyncrlhf.training import OptimConfig, TrainerWorker
 from asyncrlhf.training.sharded import shard_rows
@@ -124,7 +124,7 @@ def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, o
             trainer = _trainer(ShardedTrainer, copy.deepcopy(model), tokenizer, case, parallel=parallel)
             metrics = [trainer.step(batch) for _ in range(_steps(dtype))]
             results[case[0]] = (metrics, trainer.state_dict(), _grads(trainer.model))
-        results["whole"] = _whole_model_use(trainer, tokenizer, batch)
+        results["whole"] = _whole_model_use(trainer, tokenizer)
         if rank == 0:
             torch.save(results, out)
         dist.barrier()  # no rank tears down while another still talks to it
@@ -136,23 +136,38 @@ def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, o
     os._exit(0)
 
 
-def _whole_model_use(trainer: Any, tokenizer: Any, batch: list[Experience]) -> dict[str, Any]:
-    """Rank 0's whole model (the last case's): its layout, its greedy responses, and
-    whether the next step freed it (its tensors back on the meta device)."""
-    whole = trainer.inference_model()
-    out: dict[str, Any] = {"layout": trainer.weights_layout()}
-    if whole is not None:
-        out["greedy"] = _greedy(whole, tokenizer)
-    trainer.step(batch)
-    if whole is not None:
-        out["freed"] = all(t.is_meta for t in whole.state_dict().values())
-    return out
+def _whole_model_use(trainer: Any, tokenizer: Any) -> dict[str, Any]:
+    """What a publication and an evaluation see (the last case's trainer): the layout, the
+    streamed pieces (rank 0's; none elsewhere) with their checksum, and greedy responses
+    from every rank generating together on the sharded model; then again with rank 1's
+    one row finishing at its first token (its EOS made that token) while rank 0's go on:
+    rank 1 must keep making the passes rank 0's gathers need."""
+    from asyncrlhf.models import Checksum
+
+    checksum, pieces = Checksum(), []
+    for piece in trainer.stream_state(bucket_bytes=4096):
+        checksum.update(piece)
+        pieces.append(list(piece))
+    model, stop = trainer.inference_model(), trainer.generation_stop()
+    greedy = _greedy(model, tokenizer, stop)
+    early = {"prompts": PROMPTS[:1], "eos": greedy[0][0]} if trainer.rank == 1 else {}
+    return {
+        "layout": trainer.weights_layout(),
+        "pieces": pieces,
+        "streamed": checksum.hexdigest(),
+        "checksum": trainer.checksum(),
+        "greedy": greedy,
+        "greedy_again": _greedy(model, tokenizer, stop, **early),
+    }
 
 
-def _greedy(model: Any, tokenizer: Any) -> list[list[int]]:
+def _greedy(
+    model: Any, tokenizer: Any, stop: Any = None, prompts: list[torch.Tensor] = PROMPTS, eos: int | None = None
+) -> list[list[int]]:
     sampling = Sampling(max_new_tokens=8, temperature=0.0)
-    engine = HFEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, sampling, copy=False)
-    return [s.response_ids.tolist() for s in engine.generate(PROMPTS)]
+    eos = tokenizer.eos_token_id if eos is None else eos
+    engine = HFEngine(model, eos, tokenizer.pad_token_id, sampling, copy=False, stop=stop)
+    return [s.response_ids.tolist() for s in engine.generate(prompts)]
 
 
 def _grads(model: Any) -> dict[str, torch.Tensor]:
@@ -222,12 +237,14 @@ def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, to
                 torch.testing.assert_close(
                     ours[key], value, atol=atol, rtol=tol, msg=lambda m, label=label: f"{label}: {m}"
                 )
-    # Rank 0 evaluates with the gathered weights in a structure that holds none between
-    # publications: the layout is the one process's, the greedy responses too
+    # Rank 0 streams the weights in pieces of about 4 KB, in key order, whose checksum is
+    # the whole state's; the ranks evaluate together on the sharded model, as one process
     whole = group["whole"]
     assert whole["layout"] == [(k, tuple(v.shape), v.dtype) for k, v in state.items()]
-    assert whole["greedy"] == _greedy(trainer.model, tokenizer)
-    assert whole["freed"]
+    names = [name for piece in whole["pieces"] for name in piece]
+    assert names == sorted(state) and len(whole["pieces"]) > 5
+    assert whole["streamed"] == whole["checksum"] == weights_checksum(sharded_state)
+    assert whole["greedy"] == whole["greedy_again"] == _greedy(trainer.model, tokenizer)
 
 
 def test_a_sharded_trainer_needs_a_process_group():
