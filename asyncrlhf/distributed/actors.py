@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from asyncrlhf.distributed.weights import Layout, WeightChannel, layout_of
-from asyncrlhf.models import Checksum, weights_checksum
+from asyncrlhf.models import publish_pieces, weights_checksum
 from asyncrlhf.orchestration.evaluate import Evaluation
 from asyncrlhf.orchestration.runtime import RunConfig
 from asyncrlhf.orchestration.schedule import TrainerSide
@@ -35,12 +35,9 @@ from asyncrlhf.orchestration.weights import Snapshot
 from asyncrlhf.tasks.base import Problem
 from asyncrlhf.types import Experience
 
-__all__ = ["PIECE_BYTES", "Bound", "RolloutActor", "TrainerActor", "joined"]
+__all__ = ["Bound", "RolloutActor", "TrainerActor", "joined"]
 
 Event = tuple[str, str, float, float]  # (worker, phase, start, end), wall-clock seconds
-# The object-store publication's pieces: what a trainer group's rank 0 holds beside its
-# shards while it publishes (`asyncrlhf bench --suite full --case sharded` measures it)
-PIECE_BYTES = 8 << 20
 
 
 def joined(pieces: list[dict[str, Any]]) -> dict[str, Any]:
@@ -96,8 +93,9 @@ class RolloutActor:
         sampling from ``seed`` (the chunk's own, whichever worker runs it).
 
         ``weights`` is the published pieces' ``[ObjectRef, …]`` (a list, so Ray does not
-        fetch them unless this actor needs to load them). Returns ``(meta, experiences)``; the driver reads
-        the small ``meta`` and hands ``experiences`` to the trainer by reference.
+        fetch them unless this actor needs to load them). Returns ``(meta, experiences)``;
+        the driver reads the small ``meta`` and hands ``experiences`` to the trainer by
+        reference.
         """
         import ray
 
@@ -158,12 +156,9 @@ class TrainerActor:
         if self.channel is not None:
             self._stage(self.trainer.state_dict())
             return
-        checksum, refs = Checksum(), []
-        for piece in self.trainer.stream_state(PIECE_BYTES):
-            checksum.update(piece)
-            refs.append(ray.put(piece))
+        checksum, refs = publish_pieces(self.trainer.stream_state(), ray.put)
         if refs:  # a group's other ranks take part in the gathers and publish nothing
-            self.published = (self.trainer.version, checksum.hexdigest(), refs)
+            self.published = (self.trainer.version, checksum, refs)
 
     def _stage(self, state: dict[str, Any]) -> None:
         """A staged copy of the weights for the weights group's broadcast (``[]`` in place

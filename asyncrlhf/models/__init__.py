@@ -3,10 +3,12 @@
 and the numerics rollout and training share (:mod:`.ops`)."""
 
 from asyncrlhf.models.ops import (
+    PIECE_BYTES,
     Checksum,
     cache_argument,
     drop_weights,
     gather_cache_rows,
+    publish_pieces,
     state_buckets,
     token_logprobs,
     weightless_copy,
@@ -25,6 +27,7 @@ from asyncrlhf.models.tiny import TinyModelConfig, build_char_tokenizer, build_t
 from asyncrlhf.models.warmstart import WarmStartConfig, fit_answers, warm_start
 
 __all__ = [
+    "PIECE_BYTES",
     "SHIPPED_POLICY",
     "Checksum",
     "TinyModelConfig",
@@ -40,6 +43,7 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "pretrained_policy",
+    "publish_pieces",
     "shipped_policy",
     "state_buckets",
     "token_logprobs",

@@ -9,16 +9,18 @@ import copy
 import functools
 import hashlib
 import inspect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 __all__ = [
+    "PIECE_BYTES",
     "Checksum",
     "cache_argument",
     "drop_weights",
     "gather_cache_rows",
+    "publish_pieces",
     "state_buckets",
     "token_logprobs",
     "weightless_copy",
@@ -101,6 +103,11 @@ def weights_checksum(weights: Any) -> str:
     return checksum.hexdigest()
 
 
+# A streamed publication's pieces: what a trainer group's rank 0 holds beside its shards
+# while it publishes (`asyncrlhf bench --suite full --case sharded` measures it)
+PIECE_BYTES = 8 << 20
+
+
 def state_buckets(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
     """``items`` (name, tensor), taken lazily, in dicts of about ``bucket_bytes`` each: a
     dict is yielded once it reaches that size (so it is at most that plus one tensor)."""
@@ -114,6 +121,18 @@ def state_buckets(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) 
             bucket, size = {}, 0
     if bucket:
         yield bucket
+
+
+def publish_pieces(pieces: Iterable[dict[str, torch.Tensor]], put: Callable[[Any], Any]) -> tuple[str, list[Any]]:
+    """Hand each of a streamed publication's ``pieces`` to ``put`` (``ray.put``), taking
+    their checksum on the way: ``(checksum, what put returned, in order)``. A piece is let
+    go before the next is made, so no more than one is held."""
+    checksum, out = Checksum(), []
+    for piece in pieces:
+        checksum.update(piece)
+        out.append(put(piece))
+        del piece  # not held while the stream gathers the next
+    return checksum.hexdigest(), out
 
 
 class Checksum:

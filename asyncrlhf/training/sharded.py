@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from asyncrlhf.models import state_buckets, weights_checksum
+from asyncrlhf.models import PIECE_BYTES, state_buckets, weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, merge_state
 from asyncrlhf.training.trainer import TrainerWorker, _select
@@ -150,7 +150,7 @@ class ShardedTrainer(TrainerWorker):
         return float(full() if full is not None else norm)
 
     # ------------------------------------------------------------- weights
-    def stream_state(self, bucket_bytes: int = 16 << 20) -> Iterator[dict[str, torch.Tensor]]:
+    def stream_state(self, bucket_bytes: int = PIECE_BYTES) -> Iterator[dict[str, torch.Tensor]]:
         """The published weights gathered piece by piece, in key order, yielded on rank 0
         (the other ranks take part in every gather and get nothing): rank 0 holds one
         piece beside its shards, never the whole weights. Every rank runs it to the end."""
@@ -272,10 +272,10 @@ def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:
 
 
 def _whole_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A state-dict entry whole, on the CPU: an FSDP2 shard all-gathered, a replica's
-    tensor as it is (no copy: a publication copies what it keeps)."""
+    """A state-dict entry whole, on the CPU, in storage of its own: an FSDP2 shard
+    all-gathered, a replica's tensor copied (training changes it in place)."""
     full = getattr(t, "full_tensor", None)
-    return (full() if full is not None else t.detach()).cpu()
+    return full().cpu() if full is not None else t.detach().to("cpu", copy=True)
 
 
 def _trained(model: Any) -> StateDictOptions:

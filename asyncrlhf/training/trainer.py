@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from asyncrlhf.losses import aggregation_share, policy_loss
-from asyncrlhf.models import state_buckets, weights_checksum
+from asyncrlhf.models import PIECE_BYTES, state_buckets, weights_checksum
 from asyncrlhf.training.logprobs import sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, load_adapter_state, merged_state_dict
 from asyncrlhf.training.optim import LrDecay, OptimConfig
@@ -268,7 +268,7 @@ class TrainerWorker:
             return merged_state_dict(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def stream_state(self, bucket_bytes: int = 16 << 20) -> Iterator[dict[str, torch.Tensor]]:
+    def stream_state(self, bucket_bytes: int = PIECE_BYTES) -> Iterator[dict[str, torch.Tensor]]:
         """The published weights (those of :meth:`state_dict`) in key order, in pieces of
         about ``bucket_bytes`` (a larger tensor is a piece of its own), so a publication
         can hand each on (``ray.put``) before the next is made. Here the live tensors,

@@ -33,8 +33,8 @@ def weight_sync_case(params: dict[str, Any]) -> list[Any]:
 
 def sharded_case(params: dict[str, Any]) -> list[Any]:
     """Per-rank memory of a 2-rank FSDP2 trainer against one process (about 50M
-        parameters) training, publishing and evaluating; the largest rank's ratio, so what rank 0
-    holds of a publication counts."""
+    parameters) training, publishing and evaluating; the largest rank's ratio, so what
+    rank 0 holds of a publication counts."""
     from pipelines.bench import sharded
     from pipelines.bench.cases import TARGETS, Figure
 

@@ -91,15 +91,10 @@ def _rank(rank: int, world: int, port: int, parallel: str, queue: Any, lora: boo
 
 def _publish(trainer: Any) -> int:
     """The largest resident memory while the weights stream out (see the module's doc)."""
-    from asyncrlhf.distributed.actors import PIECE_BYTES
-    from asyncrlhf.models import Checksum
+    from asyncrlhf.models import publish_pieces
 
-    checksum, most = Checksum(), _rss()
-    for piece in trainer.stream_state(PIECE_BYTES):
-        checksum.update(piece)
-        most = max(most, _rss())
-        del piece
-    return most
+    _, samples = publish_pieces(trainer.stream_state(), lambda piece: _rss())
+    return max([_rss(), *samples])
 
 
 def _evaluate(trainer: Any, tokenizer: Any) -> int:

@@ -53,8 +53,8 @@ def rank_bytes(spec: ExperimentSpec) -> int:
     of a group also holds what it publishes: one piece of the object-store publication
     (the weights stream out piece by piece), or the whole weights staged for a
     ``collective`` sync's broadcast. The evaluation runs on the sharded model."""
-    from asyncrlhf.distributed.actors import PIECE_BYTES
     from asyncrlhf.distributed.weights import choose_sync
+    from asyncrlhf.models import PIECE_BYTES
 
     ranks, parallel = spec.runtime.trainer.ranks, spec.runtime.trainer.parallel
     weights = weight_bytes(spec)

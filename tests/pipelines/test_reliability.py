@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from asyncrlhf.distributed.actors import PIECE_BYTES
+from asyncrlhf.models import PIECE_BYTES
 from pipelines import cli as cli_module
 from pipelines.run import run_experiment
 from pipelines.spec import load_spec
