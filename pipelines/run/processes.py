@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "InterruptedBeforeRun",
     "RunInterrupted",
+    "deferred_interrupts",
     "end_group",
     "exit_code",
     "serve",
@@ -26,6 +27,7 @@ __all__ = [
 
 
 _received: list[str] = []  # signals sigterm_interrupts caught in this process, while it is active
+_held: list[str] | None = None  # inside deferred_interrupts: the signal it holds back, if any
 
 
 @contextlib.contextmanager
@@ -38,7 +40,8 @@ def sigterm_interrupts() -> Iterator[list[str]]:
 
     An exception raised by a signal handler is lost if it lands in a weakref callback or a
     ``__del__`` ("Exception ignored in…"); a loop that must stop on a signal also polls
-    :func:`stop_requested`.
+    :func:`stop_requested`. Inside :func:`deferred_interrupts` the first signal waits for
+    the block's end.
     """
     received: list[str] = []
 
@@ -46,6 +49,9 @@ def sigterm_interrupts() -> Iterator[list[str]]:
         name = signal.Signals(signum).name
         received.append(name)
         _received.append(name)
+        if _held == []:  # bookkeeping under way: raised when it is done
+            _held.append(name)
+            return
         raise KeyboardInterrupt(name)
 
     try:
@@ -53,6 +59,27 @@ def sigterm_interrupts() -> Iterator[list[str]]:
             yield received
     finally:
         _received.clear()
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """While inside, the first SIGTERM or Ctrl-C that :func:`sigterm_interrupts` catches is
+    held back and raised as KeyboardInterrupt when the block ends; a second one raises at
+    once. For bookkeeping of several writes that a signal must not cut in two: a sweep
+    enqueueing a grid point and counting it, a trial told to Optuna and its run ended in
+    MLflow. A signal raised anywhere left the two stores disagreeing (the last CI: a grid
+    point enqueued, not counted, then run twice, and another never). Nested blocks are one."""
+    global _held
+    if _held is not None:
+        yield
+        return
+    _held = []
+    try:
+        yield
+    finally:
+        held, _held = _held, None
+    if held:
+        raise KeyboardInterrupt(held[0])
 
 
 def stop_requested() -> str | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.run.checkpoint_store import checkpoint_folder
-from pipelines.run.processes import stop_requested
+from pipelines.run.processes import deferred_interrupts, stop_requested
 from pipelines.spec import spec_from_dict
 from pipelines.spec.files import SpecError, set_path
 from pipelines.sweeps import runs as sweep_runs
@@ -114,15 +114,19 @@ class Driver:
             signalled = stop_requested()
             if signalled is not None:  # its KeyboardInterrupt was swallowed (a weakref callback, a __del__)
                 raise KeyboardInterrupt(signalled)
-            self._fill()
-            if not self.refs:
-                return
+            # A signal lands between writes only while the driver waits: Optuna and MLflow
+            # are never left half-told (a grid point enqueued and not counted ran twice)
+            with deferred_interrupts():
+                self._fill()
+                if not self.refs:
+                    return
             ready, _ = ray.wait(list(self.refs), num_returns=1, timeout=poll_s)
-            for ref in ready:
-                self._finish(ref, self.refs.pop(ref))
-            for job in self.refs.values():
-                with contextlib.suppress(RayActorError):  # its actor died: _finish records the failure
-                    self._drain(job)
+            with deferred_interrupts():
+                for ref in ready:
+                    self._finish(ref, self.refs.pop(ref))
+                for job in self.refs.values():
+                    with contextlib.suppress(RayActorError):  # its actor died: _finish records the failure
+                        self._drain(job)
 
     def _remaining(self) -> int:
         left = self.sweep.num_trials - len(studies.counted(self.study)) - len(self.configs)

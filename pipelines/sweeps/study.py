@@ -42,6 +42,7 @@ __all__ = [
 
 INTERRUPTED = "interrupted"  # study attribute: numbers of trials cut off by an interrupt
 GRID_NEXT = "grid_next"  # study attribute: how many grid points have been enqueued
+GRID_INDEX = "grid_index"  # trial attribute: the grid point it was enqueued as
 
 
 def default_storage(tracking_uri: str) -> str:
@@ -147,9 +148,15 @@ def enqueue_grid_point(sweep: SweepSpec, study: Any) -> None:
     every trial before it, took minutes before the first trial could start."""
     from optuna.trial import TrialState
 
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return
     index = int(study.user_attrs.get(GRID_NEXT, 0))
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    # A point enqueued by a driver stopped (SIGKILL) before it counted it: counted now, or
+    # it would be enqueued again once this one is asked, and the grid's last point never
+    latest = max((t.user_attrs.get(GRID_INDEX, -1) for t in waiting), default=-1)
+    if latest >= index:
+        study.set_user_attr(GRID_NEXT, latest + 1)
+    if waiting:
+        return
     if index >= sweep.num_trials:
         return
     labels = [[choice_label(v) for v in values] for values in sweep.space.values()]
@@ -157,7 +164,7 @@ def enqueue_grid_point(sweep: SweepSpec, study: Any) -> None:
     for key, choices in reversed(list(zip(sweep.space, labels, strict=True))):  # the last axis varies fastest
         rest, position = divmod(rest, len(choices))
         point[key] = choices[position]
-    study.enqueue_trial({key: point[key] for key in sweep.space})
+    study.enqueue_trial({key: point[key] for key in sweep.space}, user_attrs={GRID_INDEX: index})
     study.set_user_attr(GRID_NEXT, index + 1)
 
 

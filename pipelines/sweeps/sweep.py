@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.run.processes import deferred_interrupts
 from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.driver import Driver
@@ -72,8 +73,9 @@ def run_sweep(
             try:
                 driver.run(poll_s)
             except BaseException:
-                driver.interrupt()
-                end_run(client, parent, "KILLED", "interrupted")
+                with deferred_interrupts():  # a second signal does not cut the clean-up short
+                    driver.interrupt()
+                    end_run(client, parent, "KILLED", "interrupted")
                 raise
             report = SweepReport(sweep, trial_rows(study, sweep))
             complete = len(studies.counted(study)) >= sweep.num_trials

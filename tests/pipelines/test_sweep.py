@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -603,6 +604,44 @@ def test_a_million_point_grid_starts_its_first_trials_at_once(tmp_path):
     reopened = make_study(sweep, {}, storage)  # a resumed sweep continues where it was
     enqueue_grid_point(sweep, reopened)
     assert reopened.ask().params == {} and reopened.user_attrs["grid_next"] == 4
+
+
+def test_a_grid_point_enqueued_but_not_counted_before_a_kill_runs_once(tmp_path, monkeypatch):
+    """A fresh-clone CI run: the driver stopped between enqueueing a grid point and counting
+    it (a SIGTERM then; a SIGKILL can still), so the resumed sweep ran the waiting point,
+    enqueued it again, ran it twice and never ran the grid's last point. The enqueued trial
+    carries its point's index, and a reopened study counts it from there."""
+    from pipelines.sweeps import study as studies
+
+    space = {"orchestrator.lag": [0, 2], "algorithm.name": ["grpo", "m2po"]}
+    sweep = SweepSpec.model_validate({"name": "torn", "base": "quickstart.yaml", "method": "grid", "space": space})
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    asked: list[tuple[Any, ...]] = []
+
+    def next_trial(study: Any) -> None:
+        studies.enqueue_grid_point(sweep, study)
+        trial = study.ask()
+        asked.append(tuple(studies.suggest(trial, key, values) for key, values in space.items()))
+        study.tell(trial, 0.5)
+
+    study = studies.make_study(sweep, {}, storage)
+    next_trial(study)
+    next_trial(study)
+    real = study.set_user_attr
+
+    def killed_before_counting(key: str, value: Any) -> None:
+        if key == studies.GRID_NEXT:
+            raise SystemExit("killed")  # the third point is enqueued, never counted
+        real(key, value)
+
+    monkeypatch.setattr(study, "set_user_attr", killed_before_counting)
+    with pytest.raises(SystemExit):
+        studies.enqueue_grid_point(sweep, study)
+    resumed = studies.make_study(sweep, {}, storage)
+    while len(studies.counted(resumed)) < sweep.num_trials:
+        next_trial(resumed)
+    assert asked == [(0, "grpo"), (0, "m2po"), (2, "grpo"), (2, "m2po")]  # each point once, in order
+    assert resumed.user_attrs[studies.GRID_NEXT] == 4
 
 
 def test_a_reopened_parent_run_drops_the_error_of_its_last_stop(store, tmp_path):
