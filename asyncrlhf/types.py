@@ -192,6 +192,15 @@ def pad_rows(rows: Sequence[torch.Tensor], value: float, left: bool = False) -> 
     return out
 
 
+def _padded(rows: list[torch.Tensor], value: float, left: bool, device: torch.device) -> torch.Tensor:
+    """``rows`` padded into one tensor on ``device``: padded where they are, then moved in
+    one copy. Rows on several devices (responses from an engine on the GPU, prompts from
+    the task on the CPU) are moved one by one first."""
+    if len({row.device for row in rows}) > 1:
+        rows = [row.to(device) for row in rows]
+    return pad_rows(rows, value, left=left).to(device)
+
+
 def collate(
     experiences: Sequence[Experience],
     pad_token_id: int,
@@ -220,11 +229,10 @@ def collate(
     """
     if len(experiences) == 0:
         raise ValueError("experiences must not be empty")
-    if device is None:
-        device = experiences[0].response_ids.device
-    prompts = pad_rows([e.prompt_ids for e in experiences], pad_token_id, left=True)  # (B, P)
-    responses = pad_rows([e.response_ids for e in experiences], pad_token_id, left=False)  # (B, R)
-    logprobs = pad_rows([e.logprobs.float() for e in experiences], 0.0, left=False)  # (B, R)
+    device = experiences[0].response_ids.device if device is None else torch.device(device)
+    prompts = _padded([e.prompt_ids for e in experiences], pad_token_id, True, device)  # (B, P)
+    responses = _padded([e.response_ids for e in experiences], pad_token_id, False, device)  # (B, R)
+    logprobs = _padded([e.logprobs.float() for e in experiences], 0.0, False, device)  # (B, R)
     policy_versions = torch.tensor([e.policy_version for e in experiences], dtype=torch.long)
     token_versions = pad_rows([e.versions().cpu() for e in experiences], -1, left=False)  # (B, R)
     token_versions = torch.where(token_versions < 0, policy_versions[:, None], token_versions)

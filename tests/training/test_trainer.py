@@ -28,13 +28,14 @@ def rollout(engine: HFEngine) -> list[Experience]:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_recomputed_logprobs_match_the_engine(temperature):
+def test_recomputed_logprobs_match_the_engine(temperature, device):
     model, tok = small_model()
+    model.to(device)
     engine = HFEngine(
         model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=8, temperature=temperature), seed=1
     )
     experiences = rollout(engine)
-    batch = collate(experiences, tok.pad_token_id)
+    batch = collate(experiences, tok.pad_token_id, device)
     with torch.no_grad():
         recomputed = sequence_logprobs(model, batch, temperature)
     delta = (recomputed - batch.old_logprobs).abs()[batch.response_mask]
@@ -46,8 +47,9 @@ def test_recomputed_logprobs_match_the_engine(temperature):
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "m2po", "grpo", "gspo", "decoupled_ppo"])
-def test_a_few_steps_change_every_parameter(algorithm):
+def test_a_few_steps_change_every_parameter(algorithm, device):
     model, tok = small_model()
+    model.to(device)
     before = copy.deepcopy(model.state_dict())
     engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, sampling=Sampling(max_new_tokens=6), seed=2)
     trainer = TrainerWorker(model, tok.pad_token_id, algorithm, optim=OptimConfig(lr=1e-2))
