@@ -1,20 +1,30 @@
 """Scale-out on Ray: rollout workers and the trainer as actors.
 
 The only part of the core that imports ``ray``; nothing else imports this package, so
-``import asyncrlhf`` works without Ray installed.
+``import asyncrlhf`` works without Ray installed. The names below are imported when first
+used, so the Ray-free modules here (``weights``: the weights group over
+``torch.distributed``) import without Ray too, as on a GPU machine without it.
 """
 
-from asyncrlhf.distributed.actors import RolloutActor, TrainerActor
-from asyncrlhf.distributed.orchestrator import RayOrchestrator, WeightRecord
-from asyncrlhf.distributed.resources import ActorResources, RayLayout
-from asyncrlhf.distributed.runtime import ray_runtime
+from __future__ import annotations
 
-__all__ = [
-    "ActorResources",
-    "RayLayout",
-    "RayOrchestrator",
-    "RolloutActor",
-    "TrainerActor",
-    "WeightRecord",
-    "ray_runtime",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "ActorResources": "resources",
+    "RayLayout": "resources",
+    "RayOrchestrator": "orchestrator",
+    "RolloutActor": "actors",
+    "TrainerActor": "actors",
+    "WeightRecord": "orchestrator",
+    "ray_runtime": "runtime",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

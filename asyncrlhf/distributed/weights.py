@@ -101,8 +101,10 @@ class WeightChannel:
         prefixed = dist.PrefixStore("asyncrlhf-weights", self.store)
         if device == "cpu":
             self.group: Any = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
-        else:
-            self.group = dist.ProcessGroupNCCL(prefixed, rank, world)
+        else:  # the run's timeout, not NCCL's default (10 min): a member that never comes fails the run
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, world, options)
         self.device = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
         self.rank, self.layout, self.timeout, self.keep = rank, layout, timeout, keep
         self.buckets = _buckets(layout, int(bucket_mb * 2**20))
@@ -160,13 +162,15 @@ class WeightChannel:
         tensors = list(state.values())
         for bucket in self.buckets:
             members = [tensors[i] for i in bucket]
-            flat = torch.cat([t.reshape(-1) for t in members]) if self.rank == 0 else None
-            if flat is None:
-                flat = torch.empty(sum(t.numel() for t in members), dtype=members[0].dtype)
-            flat = flat.to(self.device)
+            if self.rank == 0:
+                flat = torch.cat([t.reshape(-1) for t in members]).to(self.device)
+            else:
+                flat = torch.empty(sum(t.numel() for t in members), dtype=members[0].dtype, device=self.device)
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.timeout = 0, self.timeout
             self.group.broadcast([flat], opts).wait()
+            if flat.is_cuda:  # NCCL's wait() only orders the streams: the seconds are the transfer's
+                torch.cuda.current_stream(flat.device).synchronize()
             if self.rank != 0:
                 offset = 0
                 for t in members:

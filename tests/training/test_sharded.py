@@ -108,20 +108,24 @@ def _model(dtype: torch.dtype) -> tuple[Any, Any]:
     return build_tiny_model(tokenizer, TWO_LAYERS, seed=1).to(dtype), tokenizer
 
 
-def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, out: str) -> None:
+def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, out: str, device: str) -> None:
     import torch.distributed as dist
 
     from asyncrlhf.training.sharded import ShardedTrainer
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", timeout=timeout, world_size=world, rank=rank)
+    backend = "gloo"
+    if device == "cuda":  # a GPU per rank, as on a cluster
+        torch.cuda.set_device(rank)
+        device, backend = f"cuda:{rank}", "nccl"
+    dist.init_process_group(backend, f"tcp://127.0.0.1:{port}", timeout=timeout, world_size=world, rank=rank)
     try:
         model, tokenizer = _model(dtype)
         batch = _batch(model, tokenizer)
         results = {}
         for case in CASES:
-            trainer = _trainer(ShardedTrainer, copy.deepcopy(model), tokenizer, case, parallel=parallel)
+            trainer = _trainer(ShardedTrainer, copy.deepcopy(model), tokenizer, case, parallel=parallel, device=device)
             metrics = [trainer.step(batch) for _ in range(_steps(dtype))]
             results[case[0]] = (metrics, trainer.state_dict(), _grads(trainer.model))
         results["whole"] = _whole_model_use(trainer, tokenizer)
@@ -176,7 +180,7 @@ def _grads(model: Any) -> dict[str, torch.Tensor]:
     for name, p in model.named_parameters():
         if p.grad is not None:
             grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            out[name.removeprefix("module.")] = grad.detach().clone()
+            out[name.removeprefix("module.")] = grad.detach().to("cpu", copy=True)
     return out
 
 
@@ -189,39 +193,46 @@ def _steps(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 1
 
 
-def _group(world: int, parallel: str, dtype: torch.dtype, tmp_path: Path) -> dict[str, Any]:
+def _group(world: int, parallel: str, dtype: torch.dtype, tmp_path: Path, device: str = "cpu") -> dict[str, Any]:
     out = str(tmp_path / f"{world}-{parallel}.pt")
-    spawn_ranks(_rank, world, free_port(), parallel, dtype, out)
-    return torch.load(out, weights_only=False)
+    spawn_ranks(_rank, world, free_port(), parallel, dtype, out, device)
+    return torch.load(out, weights_only=False, map_location="cpu")
+
+
+# NCCL takes one GPU per rank: on a machine with one, the group is rank 0 alone
+GPU_WORLD = max(1, min(2, torch.cuda.device_count()))
+ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
 
 
 @pytest.mark.parametrize(
-    ("world", "parallel", "dtype", "tol"),
+    ("world", "parallel", "dtype", "tol", "device"),
     [
-        (2, "fsdp", torch.float64, 1e-6),
-        (4, "fsdp", torch.float64, 1e-6),
-        (2, "ddp", torch.float64, 1e-6),
-        (2, "fsdp", torch.float32, 1e-5),
+        (2, "fsdp", torch.float64, 1e-6, "cpu"),
+        (4, "fsdp", torch.float64, 1e-6, "cpu"),
+        (2, "ddp", torch.float64, 1e-6, "cpu"),
+        (2, "fsdp", torch.float32, 1e-5, "cpu"),
+        pytest.param(GPU_WORLD, "fsdp", torch.float32, 1e-5, "cuda", marks=ON_GPU, id="nccl-fsdp"),
+        pytest.param(GPU_WORLD, "ddp", torch.float32, 1e-5, "cuda", marks=ON_GPU, id="nccl-ddp"),
     ],
 )
-def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, tol, tmp_path):
+def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, tol, device, tmp_path):
     torch.set_num_threads(1)
     model, tokenizer = _model(dtype)
     batch = _batch(model, tokenizer)
     tokens = [e.prompt_ids.numel() + e.response_ids.numel() for e in batch]
     assert len(set(tokens)) > 2  # unequal rows, so unequal shares
-    group = _group(world, parallel, dtype, tmp_path)
+    group = _group(world, parallel, dtype, tmp_path, device)
     for case in CASES:
         # Ranks read every row whole; reading each prompt once instead rounds differently,
         # which AdamW turns into up to 1.4e-6 on a weight whose gradient is near 0 (measured)
-        trainer = _trainer(TrainerWorker, copy.deepcopy(model), tokenizer, case, share_prompts=False)
+        trainer = _trainer(TrainerWorker, copy.deepcopy(model), tokenizer, case, share_prompts=False, device=device)
         metrics = [trainer.step(batch) for _ in range(_steps(dtype))]
         sharded_metrics, sharded_state, sharded_grads = group[case[0]]
         for one, many in zip(metrics, sharded_metrics, strict=True):
             assert one.keys() == many.keys(), case[0]
             for key, value in one.items():
                 assert many[key] == pytest.approx(value, rel=tol, abs=tol), (case[0], key)
-        state = trainer.state_dict()
+        state = {k: v.cpu() for k, v in trainer.state_dict().items()}
         assert state.keys() == sharded_state.keys()
         moved = max(float((state[k] - model.state_dict()[k]).abs().max()) for k in state)
         assert moved > 1e-3, case[0]  # the update did something to compare
@@ -245,6 +256,7 @@ def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, to
     assert names == sorted(state) and len(whole["pieces"]) > 5
     assert whole["streamed"] == whole["checksum"] == weights_checksum(sharded_state)
     assert whole["greedy"] == whole["greedy_again"] == _greedy(trainer.model, tokenizer)
+    assert trainer.device.type == device  # the one process trained where the group did
 
 
 def test_a_sharded_trainer_needs_a_process_group():
