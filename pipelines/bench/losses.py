@@ -19,10 +19,11 @@ def run(tokens: int = 1 << 20, length: int = 1024, repeats: int = 10, device: st
     dev = torch.device(device)
     batch = max(1, tokens // length)
     g = torch.Generator().manual_seed(0)
-    logits = (torch.randn(batch, length, generator=g) * 0.1 - 1.0).to(dev)
-    old = (logits + torch.randn(batch, length, generator=g) * 0.2).to(dev)  # stale behaviour policy
-    advantages = torch.randn(batch, generator=g).to(dev)
-    mask = (torch.rand(batch, length, generator=g) > 0.25).to(dev)
+    logits = torch.randn(batch, length, generator=g) * 0.1 - 1.0  # made on the CPU (the generator's), then moved
+    old = logits + torch.randn(batch, length, generator=g) * 0.2  # stale behaviour policy
+    advantages = torch.randn(batch, generator=g)
+    mask = torch.rand(batch, length, generator=g) > 0.25
+    logits, old, advantages, mask = (t.to(dev) for t in (logits, old, advantages, mask))
 
     def step(loss_fn, **kwargs):  # type: ignore[no-untyped-def]
         def go() -> None:
