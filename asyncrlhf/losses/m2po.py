@@ -76,7 +76,8 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     largest remaining value never raises the mean, so the condition is monotone in k.
     Only the largest values are ever dropped, so they are found with ``topk`` over a
     window that grows (×4) until the bound is met inside it, instead of a full sort:
-    the usual stale batch drops a few percent of its tokens. Ties at the last dropped
+    the usual stale batch drops a few percent of its tokens. On CUDA one full sort runs
+    instead, with no host sync (each growth of the window reads counts on the host). Ties at the last dropped
     value are broken as the greedy loop over a stable descending order breaks them
     (lowest index first).
 
@@ -99,6 +100,8 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     # tokens count 0, and the greedy loop stops before it reaches any zero: once every
     # positive value is dropped the kept mean is 0 ≤ τ.
     d = log_ratio.detach().double().square().masked_fill_(~valid, 0.0).flatten()  # (N,)
+    if d.is_cuda:  # the window's growth reads counts on the host: a sync each; one sort has none
+        return _sorted_keep(d, valid, m2_threshold)
     n_valid = int(valid.sum())
     if n_valid == 0 or float(d.sum()) <= m2_threshold * n_valid:
         return valid.clone()
@@ -108,6 +111,22 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     if ties > 0:  # the greedy order drops equal values lowest index first
         drop[torch.nonzero(d == last).squeeze(1)[:ties]] = True
     return valid & ~drop.view_as(log_ratio)
+
+
+def _sorted_keep(d: torch.Tensor, valid: torch.Tensor, m2_threshold: float) -> torch.Tensor:
+    """The batch rule by one stable descending sort and suffix sums, with no host sync:
+    what a GPU prefers (a sort of a few million values is cheap there; each sync is not).
+    ``d`` (N,) is the squared log-ratio, 0 on invalid tokens; returns ``m2po_mask``'s mask."""
+    flat = valid.flatten()
+    order = torch.argsort(d.masked_fill(~flat, -1.0), descending=True, stable=True)  # (N,) invalid last
+    d_sorted = d[order]  # (N,)
+    kept_sum = torch.flip(torch.cumsum(torch.flip(d_sorted, (0,)), 0), (0,))  # after dropping the j largest
+    j = torch.arange(d.numel(), device=d.device)
+    kept_count = (flat.sum() - j).clamp_min(0)
+    satisfied = (kept_sum <= m2_threshold * kept_count) | (kept_count == 0)
+    satisfied = torch.cat([satisfied, satisfied.new_ones(1)])  # (N + 1,) dropping every token always fits
+    keep_sorted = j >= torch.argmax(satisfied.to(torch.uint8))  # the first j that fits: drop the j largest
+    return torch.empty_like(keep_sorted).scatter_(0, order, keep_sorted).view_as(valid) & valid
 
 
 def _greedy_drop_count(d: torch.Tensor, n_valid: int, m2_threshold: float) -> tuple[int, float]:

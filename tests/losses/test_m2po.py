@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrlhf.losses import compute_m2po_loss, m2po_mask
+from asyncrlhf.losses.m2po import _sorted_keep
 
 
 def greedy_reference(log_ratio: list[float], valid: list[bool], threshold: float) -> list[bool]:
@@ -85,6 +86,8 @@ def test_batch_mask_equals_the_greedy_reference(data, threshold):
     mask = torch.tensor(valid).reshape(shape)
     keep = m2po_mask(log_ratio, mask, threshold)
     assert keep.flatten().tolist() == greedy_reference(values, valid, threshold)
+    d = log_ratio.square().masked_fill(~mask, 0.0).flatten()
+    assert torch.equal(_sorted_keep(d, mask, threshold), keep)  # CUDA's path
     kept = log_ratio[keep]
     if kept.numel():
         assert kept.square().mean().item() <= threshold + 1e-12
@@ -116,3 +119,16 @@ def test_large_batch_mask_equals_the_full_sort(sigma, threshold, quantum):
     keep = m2po_mask(log_ratio, mask, threshold)
     assert torch.equal(keep, sorted_reference(log_ratio, mask, threshold))
     assert not keep[3, 5]
+    # the sort CUDA takes (no host sync), here on the CPU
+    d = log_ratio.double().square().masked_fill(~mask, 0.0).flatten()
+    assert torch.equal(_sorted_keep(d, mask, threshold), keep)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.04, 0.5])
+def test_the_batch_mask_on_the_inputs_device_is_the_cpu_mask(device, threshold):
+    g = torch.Generator().manual_seed(7)
+    log_ratio = torch.round(torch.randn(64, 700, generator=g) * 0.3 / 0.05) * 0.05  # ties at the cut
+    mask = torch.rand(64, 700, generator=g) > 0.2
+    keep = m2po_mask(log_ratio.to(device), mask.to(device), threshold)
+    assert keep.device.type == device.type
+    assert torch.equal(keep.cpu(), m2po_mask(log_ratio, mask, threshold))
