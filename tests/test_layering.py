@@ -39,6 +39,19 @@ def test_importing_the_core_loads_no_optional_dependency():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_weights_group_imports_without_ray():
+    """A GPU machine without Ray runs the NCCL weights test: ``asyncrlhf.distributed``
+    imports its Ray-backed names only when they are used."""
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # any import of ray fails
+        "from asyncrlhf.distributed.weights import WeightChannel\n"
+        "import asyncrlhf.distributed as d\n"
+        "try:\n    d.RayOrchestrator\nexcept ImportError:\n    print('ray needed')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ray needed"
+
+
 PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 FLOORS = ["spec", "tracking", "run", "sweeps", "bench", "cli"]  # each may import only those before it
 
