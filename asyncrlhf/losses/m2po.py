@@ -77,9 +77,9 @@ def m2po_mask(log_ratio: torch.Tensor, mask: torch.Tensor | None, m2_threshold: 
     Only the largest values are ever dropped, so they are found with ``topk`` over a
     window that grows (×4) until the bound is met inside it, instead of a full sort:
     the usual stale batch drops a few percent of its tokens. On CUDA one full sort runs
-    instead, with no host sync (each growth of the window reads counts on the host). Ties at the last dropped
-    value are broken as the greedy loop over a stable descending order breaks them
-    (lowest index first).
+    instead, with no host sync (each growth of the window reads counts on the host).
+    Ties at the last dropped value are broken as the greedy loop over a stable
+    descending order breaks them (lowest index first).
 
     Args:
         log_ratio: Tensor[B, L], log π_θ − log π_old.
