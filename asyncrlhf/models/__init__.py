@@ -5,6 +5,7 @@ and the numerics rollout and training share (:mod:`.ops`)."""
 from asyncrlhf.models.ops import (
     PIECE_BYTES,
     Checksum,
+    at_least_float32,
     cache_argument,
     drop_weights,
     gather_cache_rows,
@@ -32,6 +33,7 @@ __all__ = [
     "Checksum",
     "TinyModelConfig",
     "WarmStartConfig",
+    "at_least_float32",
     "build_char_tokenizer",
     "build_policy",
     "build_tiny_model",

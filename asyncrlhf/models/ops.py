@@ -17,6 +17,7 @@ import torch
 __all__ = [
     "PIECE_BYTES",
     "Checksum",
+    "at_least_float32",
     "cache_argument",
     "drop_weights",
     "gather_cache_rows",
@@ -79,8 +80,14 @@ def _plain_dynamic_layer(layer: Any) -> bool:
     )
 
 
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or in its own precision where that is higher (a float64 model's)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log π(token) under ``softmax(logits / T)``, in float32.
+    """log π(token) under ``softmax(logits / T)``, in float32 (float64 logits stay float64:
+    a float64 model's trainer keeps its precision).
 
     Args:
         logits: Tensor[..., V].
@@ -91,7 +98,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
         Tensor[...] of log-probs.
     """
     scale = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / scale, dim=-1)  # (..., V)
+    logp = torch.log_softmax(at_least_float32(logits) / scale, dim=-1)  # (..., V)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 

@@ -172,8 +172,11 @@ def pretrained_policy(
     return build_policy(model_config, warm, target)
 
 
-def load_pretrained(path: str | Path, device: str | torch.device = "cpu") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a local Hugging Face directory (never the hub)."""
+def load_pretrained(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a local Hugging Face directory (never the hub), the
+    weights in ``dtype`` whatever the checkpoint's."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -182,7 +185,7 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu") -> tup
         raise FileNotFoundError(f"model path {directory} is not a Hugging Face model directory (no config.json)")
     hf_logging.disable_progress_bar()
     tokenizer = load_tokenizer(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
     return model.to(device).eval(), tokenizer
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from asyncrlhf.models import cache_argument, token_logprobs, weights_checksum
+from asyncrlhf.models import at_least_float32, cache_argument, token_logprobs, weights_checksum
 from asyncrlhf.rollout.base import EngineBase, InFlight, Sample, Sampling, check_generate_args
 from asyncrlhf.types import pad_rows
 
@@ -206,7 +206,7 @@ class HFEngine(EngineBase):
         if self.temperature == 0:
             token = logits.argmax(dim=-1)
             return token, token_logprobs(logits, token, 1.0)
-        scaled = logits.float() / self.temperature  # (N, V)
+        scaled = at_least_float32(logits) / self.temperature  # (N, V)
         if self.top_p < 1.0:
             scaled = _nucleus(scaled, self.top_p)
         probs = torch.softmax(scaled, dim=-1)

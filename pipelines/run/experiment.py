@@ -166,7 +166,7 @@ def build_runtime(
         torch.set_num_threads(spec.runtime.torch_threads)
     if local:
         device = _device(spec)
-        model, tokenizer = load_pretrained(path, device)
+        model, tokenizer = load_pretrained(path, device, spec.model.torch_dtype)
         context = getattr(model.config, "max_position_embeddings", None)
     else:
         tokenizer, context = load_tokenizer(path), model_context(path)
@@ -207,7 +207,7 @@ def _actor_engine(spec: ExperimentSpec, path: str, worker: int) -> Any:
     device = _device(spec)
     if spec.rollout.engine == "vllm":
         return _engine(spec, None, None, path, device, worker)
-    model, tokenizer = load_pretrained(path, device)
+    model, tokenizer = load_pretrained(path, device, spec.model.torch_dtype)
     return _engine(spec, model, tokenizer, path, device, worker, copy_model=False)
 
 
@@ -215,7 +215,7 @@ def _actor_trainer(spec: ExperimentSpec, path: str) -> TrainerWorker:
     """Inside the trainer actor."""
     import_plugins(spec.plugins)  # their losses and estimators
     seed_everything(spec.seed)
-    model, tokenizer = load_pretrained(path, _device(spec))
+    model, tokenizer = load_pretrained(path, _device(spec), spec.model.torch_dtype)
     return _trainer(spec, model, tokenizer)
 
 
@@ -377,7 +377,7 @@ def _log_policy(spec: ExperimentSpec, runtime: Runtime, tracker: Any) -> None:
     (weights and tokenizer), loadable with ``model.kind: pretrained``."""
     import tempfile
 
-    model, tokenizer = load_pretrained(_policy_path(spec))
+    model, tokenizer = load_pretrained(_policy_path(spec), dtype=spec.model.torch_dtype)
     model.load_state_dict(runtime.policy_state())
     with tempfile.TemporaryDirectory(prefix="asyncrlhf-policy-") as tmp:
         model.save_pretrained(tmp)

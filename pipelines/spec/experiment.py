@@ -134,6 +134,8 @@ class ExperimentSpec(_Section):
         if orch.inflight is not None:
             self._check_inflight()
         _check_runtime(self.runtime, self.rollout.workers)
+        if self.model.dtype == "float64" and self.rollout.engine == "vllm":
+            raise ValueError("model.dtype 'float64' needs rollout.engine 'hf': vLLM has no float64 kernels")
         if self.rollout.engine == "vllm" and self.runtime.address is None and find_spec("vllm") is None:
             from asyncrlhf.rollout.vllm import INSTALL_VLLM  # a module without vllm's import
 

@@ -4,7 +4,7 @@ A spec can be valid field by field and still ask for terabytes: ``trainer.batch_
 of a billion, ``rollout.max_new_tokens`` of a billion, a model a million wide. Such a run
 used to be created in MLflow and then hang, or die in an allocator, minutes later.
 :func:`check_fits` refuses it at once, naming the field that asks most, from a deliberately
-rough upper estimate (float32 everywhere, a full batch in one pass) compared with the
+rough upper estimate (``model.dtype`` everywhere, a full batch in one pass) compared with the
 memory this machine (or the GPU) has available. Ordinary runs need megabytes to a few
 gigabytes, far from the line; the estimate exists to catch the absurd, not to plan.
 """
@@ -42,9 +42,14 @@ def _parameters(spec: ExperimentSpec) -> int:
     return layers * (4 * h * h + 3 * h * i + 2 * h) + 2 * _VOCAB * h + h
 
 
+def _width(spec: ExperimentSpec) -> int:
+    """Bytes per number: those of ``model.dtype``."""
+    return 8 if spec.model.dtype == "float64" else _F32
+
+
 def weight_bytes(spec: ExperimentSpec) -> int:
-    """The policy's weights in float32 (what each version published to rollout weighs)."""
-    return _parameters(spec) * _F32
+    """The policy's weights in ``model.dtype`` (what each version published to rollout weighs)."""
+    return _parameters(spec) * _width(spec)
 
 
 def rank_bytes(spec: ExperimentSpec) -> int:
@@ -77,8 +82,9 @@ def estimate_bytes(spec: ExperimentSpec) -> dict[str, int]:
     t = prompt + n
     h, i, layers, heads = model.hidden_size, model.intermediate_size, model.num_layers, model.num_heads
     rows = min(b, spec.trainer.micro_batch_size or b)  # rows through one forward and backward
-    train = rows * t * (layers * (10 * h + 2 * i + 2 * heads * t) + 3 * _VOCAB) * _F32
-    generate = b * t * layers * 2 * h * _F32 + b * _VOCAB * _F32
+    width = _width(spec)
+    train = rows * t * (layers * (10 * h + 2 * i + 2 * heads * t) + 3 * _VOCAB) * width
+    generate = b * t * layers * 2 * h * width + b * _VOCAB * width
     eval_size = spec.task.eval_size if spec.task.kind == "addition" else 0
     return {
         "model": spec.runtime.trainer.ranks * rank_bytes(spec) + spec.rollout.workers * weight_bytes(spec),

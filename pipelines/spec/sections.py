@@ -81,6 +81,13 @@ class ModelSpec(_Section):
         default_factory=WarmStartSpec, description="Tiny model: warm start.", json_schema_extra=TINY
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where model, engine and trainer run.")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32",
+        description="Precision of the weights, the trainer and the HF engine. float64 is for exactness checks "
+        "(a trainer group against one process, a resume against the uninterrupted run): float rounding then "
+        "parts runs a hundred million times later (transformers still takes norms and rotary embeddings in "
+        "float32, and engines sample from float32 probabilities and record float32 log-probs).",
+    )
     lora: LoraSpec | None = Field(None, description="Train LoRA adapters instead of every weight (null: full).")
 
     @model_validator(mode="after")
@@ -96,6 +103,13 @@ class ModelSpec(_Section):
         if self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
         return self
+
+    @property
+    def torch_dtype(self) -> Any:
+        """``dtype`` as a ``torch.dtype``."""
+        import torch
+
+        return getattr(torch, self.dtype)
 
 
 class RolloutSpec(_Section):
@@ -218,7 +232,8 @@ class TrainerSpec(_Section):
     share_prompts: bool = Field(
         True,
         description="Read each distinct prompt once per training pass and gather its KV cache for its rows "
-        "(same log-probs and gradient; false: read every row whole).",
+        "(same log-probs and gradient up to float rounding; false: read every row whole). One trainer process "
+        "only: the ranks of a trainer group always read their rows whole.",
     )
     checkpoint_every: int = Field(
         100, ge=0, description="Checkpoint every this many steps, at the end, and on SIGTERM/SIGINT (0: never)."
