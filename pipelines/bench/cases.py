@@ -354,6 +354,7 @@ CASES: dict[str, Case] = {
     "checkpoint": _checkpoint_case,
     "weight_sync": scale.weight_sync_case,
     "sharded": scale.sharded_case,
+    "group_learning": scale.group_learning_case,
     "lora": scale.lora_case,
     "inflight": scale.inflight_case,
     "generation": scale.generation_case,

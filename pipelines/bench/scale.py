@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["lora_case", "sharded_case", "weight_sync_case"]
+__all__ = ["GROUP_ARMS", "group_learning_case", "lora_case", "sharded_case", "weight_sync_case"]
 
 
 def weight_sync_case(params: dict[str, Any]) -> list[Any]:
@@ -128,3 +128,63 @@ def generation_case(params: dict[str, Any]) -> list[Any]:
             "generation.full_reload_vs_in_place", [r["full_reload_vs_in_place"]], "higher", gate=False, note=loads
         ),
     ]
+
+
+# The arms of the group-learning study: the quick start on the Ray runtime, one rollout
+# actor, half a CPU each; one trainer process, the same reading every row whole (what each
+# rank of a group does: only float rounding tells it from the first), and two ranks.
+GROUP_ARMS: dict[str, list[str]] = {
+    "one": ["runtime.trainer.ranks=1"],
+    "one_rows_whole": ["runtime.trainer.ranks=1", "trainer.share_prompts=false"],
+    "two": ["runtime.trainer.ranks=2"],
+}
+_GROUP_BASE = [
+    "runtime.kind=ray",
+    "runtime.torch_threads=1",
+    "runtime.trainer.num_cpus=0.5",
+    "runtime.rollout.num_cpus=0.5",
+    "rollout.workers=1",
+]
+
+
+def group_learning_case(params: dict[str, Any]) -> list[Any]:
+    """Does a trainer group learn as much as one process? The quick start's 800 steps per
+    seed in each arm of :data:`GROUP_ARMS` (one subprocess each), and the paired
+    differences of the final held-out accuracy: two ranks − one process, against the
+    control one process reading rows whole − one process, a difference of float rounding
+    alone. Past a few hundred steps a float-rounding difference has become a different
+    run, so the control measures how far two runs that differ only in rounding land
+    apart; the group learns as much when its differences look like the control's."""
+    from pipelines.bench import learning
+    from pipelines.sweeps.stats import summarize
+
+    seeds, arms = params["seeds"], params.get("arms", list(GROUP_ARMS))
+    gains: dict[str, dict[int, float]] = {arm: {} for arm in arms}
+    for seed in seeds:
+        for arm in arms:
+            cell = learning.run_in_subprocess("native", seed, [*_GROUP_BASE, *GROUP_ARMS[arm], *params["overrides"]])
+            gains[arm][seed] = cell["gain"]
+            print(
+                f"  group_learning {arm:<15} seed {seed}: gain {cell['gain']:+.3f} in {cell['run_s']:.0f} s", flush=True
+            )
+    figures = []
+    for arm in arms:
+        values = list(gains[arm].values())
+        s = summarize(values)
+        note = f"mean gain over seeds {seeds} (95% CI ± {s.ci95:.3f}, sd {s.std:.3f})"
+        figures.append(_mean_figure(f"group_learning.{arm}.gain", values, s.mean, note))
+    for arm in arms:
+        if arm == "one" or "one" not in arms:
+            continue
+        diffs = [gains[arm][seed] - gains["one"][seed] for seed in seeds]
+        s = summarize(diffs)
+        note = f"paired over seeds {seeds}: 95% CI ± {s.ci95:.4f}, sd {s.std:.4f}"
+        figures.append(_mean_figure(f"group_learning.{arm}_minus_one", diffs, s.mean, note))
+    return figures
+
+
+def _mean_figure(name: str, values: list[float], mean: float, note: str) -> Any:
+    """An informational figure of a mean over seeds (the suite's figures are otherwise medians)."""
+    from pipelines.bench.cases import Figure
+
+    return Figure(name, mean, min(values), max(values), "higher", unit="points", gate=False, note=note)

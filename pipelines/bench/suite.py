@@ -12,8 +12,9 @@ reach, shown beside it, and is not what the gate compares.
 Suites: ``quick`` (about 20 s, for tests and pre-merge checks), ``full`` (the
 nightly run: the issue-sized workloads, async-vs-sync, and the quick-start learning
 result as a mean over seeds), ``matrix`` (the learning result over emulated CPUs
-too, which measures the spread its gate's slack is derived from) and ``cuda`` (the
-reward and loss cases on the GPU).
+too, which measures the spread its gate's slack is derived from), ``ranks`` (a trainer
+group's learning against one process's, paired over seeds) and ``cuda`` (the reward and
+loss cases on the GPU).
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
     # 23 min on 2 cores (AMD EPYC). It measures the spread that LEARNING_SLACK is derived from.
     "matrix": {
         "learning": {"overrides": [], "kernels": ["native", "avx2", "default"], "seeds": [0, 1, 2]},
+    },
+    # Does a trainer group learn as much as one process? The quick start per seed as one
+    # trainer process, one reading rows whole (the control: rounding alone differs) and
+    # two ranks, on the Ray runtime; the paired differences. About 11 min a seed (Xeon).
+    "ranks": {
+        "group_learning": {"overrides": [], "seeds": list(range(10))},
     },
     # The device-side claims on a GPU: rewards and losses at issue sizes, on CUDA tensors.
     "cuda": {

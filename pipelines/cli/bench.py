@@ -19,8 +19,8 @@ def bench(
         str,
         typer.Option(
             help="'full' (nightly; ~4.5 min plus 3 learning runs of ~135 s on 2 cores), 'quick' (~20 s), "
-            "'matrix' (the learning figure over 3 CPU kernel settings × 3 seeds, ~28 min), or 'cuda' (rewards and "
-            "losses on the GPU)."
+            "'matrix' (the learning figure over 3 CPU kernel settings × 3 seeds, ~28 min), 'ranks' (a 2-rank trainer "
+            "group's learning against one process, 10 seeds, ~2 h), or 'cuda' (rewards and losses on the GPU)."
         ),
     ] = "full",
     baseline: Annotated[Path | None, typer.Option(help="Baseline file (default: the packaged one).")] = None,
