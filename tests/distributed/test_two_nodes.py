@@ -6,8 +6,10 @@ a rollout actor beside one of them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,15 +77,21 @@ def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    """End both nodes: SIGTERM to each node's process group, then SIGKILL to what is left
+    after ``grace_s``. `ray start --block` takes SIGTERM but its graceful stop hangs here
+    (its GCS server and raylet still ran 30 s on; the suite waited that out per node), and
+    every process of a node is in its group, so the kill leaves nothing behind."""
     for proc in reversed(procs):
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` ends its node's processes
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group's children too, if its leader already exited
+        proc.wait(timeout=30)
 
 
 @pytest.fixture
@@ -119,6 +127,7 @@ def two_nodes() -> Iterator[str]:
         yield address
     finally:
         _stop(procs)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _wait_for(address: str, nodes: int, procs: list[subprocess.Popen[bytes]], timeout_s: float = 90) -> None:
