@@ -18,6 +18,25 @@ if os.environ.get("CI"):
 # (and then unregistered), never collected, so the registries hold only the built-ins.
 collect_ignore = ["plugins"]
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--nightly",
+        action="store_true",
+        help="also run the tests marked nightly (CI leaves them to .github/workflows/nightly-tests.yml)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``nightly`` skip, saying how to run them, unless ``--nightly`` is given."""
+    if config.getoption("--nightly"):
+        return
+    skip = pytest.mark.skip(reason="nightly tier: pytest --nightly runs it (the nightly workflow does)")
+    for item in items:
+        if "nightly" in item.keywords:
+            item.add_marker(skip)
+
+
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]),

@@ -49,6 +49,7 @@ SPREAD = {
 
 # GRPO is tests/pipelines/test_quickstart.py (the quick start itself, threshold from its
 # own kernel × seed matrix): not run twice.
+@pytest.mark.nightly  # CI: learning is the quick start's; M2PO's loss against the paper's rule (tests/losses)
 @pytest.mark.parametrize("algorithm", ["m2po"])
 def test_rl_lifts_held_out_accuracy_from_the_shipped_start(algorithm):
     overrides, threshold = SETTINGS[algorithm]
@@ -62,6 +63,7 @@ def test_rl_lifts_held_out_accuracy_from_the_shipped_start(algorithm):
     assert {tau for step in history.staleness[1:] for tau in step} == {1}
 
 
+@pytest.mark.nightly  # CI: the Ray runtime (tests/distributed) and learning (the quick start)
 @pytest.mark.usefixtures("ray_cluster")
 def test_rl_on_ray_with_two_rollout_actors_lifts_held_out_accuracy():
     """The same learning through the Ray runtime: two rollout actors, one trainer actor,

@@ -188,6 +188,7 @@ def test_warmstart_builds_a_measured_checkpoint_and_never_overwrites(store, tmp_
     assert runs(store) == []  # building a start checkpoint is not a run
 
 
+@pytest.mark.nightly  # CI: the same property in process (tests/orchestration/test_orchestrator.py)
 def test_sync_and_lagged_k0_are_the_same_run_step_for_step_through_the_cli(store):
     """Lagged with k = 0 generates every batch with the weights sync uses: through the
     CLI and MLflow, the two runs' learning curves are identical, step for step."""

@@ -57,6 +57,7 @@ def live(process: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.nightly  # CI: the decoded reward's pool in one process
 @pytest.mark.usefixtures("ray_cluster")
 def test_on_ray_each_rollout_actor_scores_in_its_own_pool_and_counts_what_it_cost(store):
     often = FLAKY.replace("scorers:flaky", "scorers:often_flaky")  # a raise in about 4 of 10 rows

@@ -61,6 +61,7 @@ def test_a_tracked_lora_run_logs_the_merged_policy_and_the_adapter_peft_loads(st
     assert not torch.equal(start(ids).logits, policy(ids).logits)  # it trained
 
 
+@pytest.mark.nightly  # a refusal that needs a finished run first
 def test_a_one_process_lora_run_resumed_onto_a_trainer_group_exits_2_in_one_line(store):
     """A one-process LoRA checkpoint holds the adapters under peft's names, not a group's
     shards: ``--resume`` refuses to split it onto ranks before anything starts."""

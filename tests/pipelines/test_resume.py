@@ -179,9 +179,16 @@ def test_sigterm_checkpoints_and_marks_the_run_killed_then_a_finished_run_contin
         assert [s for s, _ in curve(store, run_id, key)] == [0, first], key
 
 
-def test_bad_resumes_exit_2_with_one_line_and_create_nothing(store, tmp_path):
+def test_bad_resumes_exit_2_with_one_line_and_create_nothing(store, tmp_path, monkeypatch):
+    """In process, through the real Typer app (the signal and kill tests above use the
+    console script): each refusal is a CLI start-up saved."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    monkeypatch.setenv("COLUMNS", "400")
     spec = write_spec(tmp_path, trainer={**SPEC["trainer"], "steps": 4})
-    assert asyncrlhf("run", str(spec)).returncode == 0
+    assert CliRunner().invoke(app, ["run", str(spec)]).exit_code == 0
     (run,) = runs(store)
     for change, fragment in [
         (
@@ -193,9 +200,9 @@ def test_bad_resumes_exit_2_with_one_line_and_create_nothing(store, tmp_path):
         (["--resume", "0123456789abcdef"], "no run '0123456789abcdef'"),
     ]:
         target = [] if "--resume" in change else ["--resume", run.info.run_id]
-        done = asyncrlhf("run", str(spec), *target, *change)
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        assert done.returncode == 2 and len(lines) == 1 and fragment in lines[0], done.stderr
+        done = CliRunner().invoke(app, ["run", str(spec), *target, *change])
+        lines = [line for line in done.output.splitlines() if line.strip()]
+        assert done.exit_code == 2 and len(lines) == 1 and fragment in lines[0], done.output
     assert [r.info.run_id for r in runs(store)] == [run.info.run_id]  # no run created
     assert MlflowClient(store).get_run(run.info.run_id).info.status == "FINISHED"  # nor reopened
 
@@ -222,6 +229,7 @@ def test_only_the_newest_checkpoints_are_kept_and_a_half_written_one_is_invisibl
     assert store.steps() == [2, 3] and store.load_latest()[0] == {"steps_done": 3}
 
 
+@pytest.mark.nightly  # CI: SIGTERM to a local run; a stopped Ray run resumes (tests/distributed)
 @pytest.mark.slow
 def test_sigterm_to_a_ray_run_stops_it_like_ctrl_c(store, tmp_path):
     """ray.init replaces the driver's SIGTERM handler with sys.exit(15): the run used to end
@@ -268,6 +276,7 @@ def test_resume_refuses_an_edited_spec_yaml_unless_forced_and_a_garbled_one_in_o
     assert checkpoints(store, run_id).steps()[-1] == 12
 
 
+@pytest.mark.nightly  # CI: the other refusals (test_bad_resumes_…)
 def test_resume_refuses_a_run_that_is_still_training(store, tmp_path):
     """``asyncrlhf resume RID`` while RID trained was accepted: both processes trained and
     logged into one run and one checkpoint folder (216 loss/policy rows for 150 steps)."""
@@ -307,6 +316,7 @@ run.run_experiment(load_spec(sys.argv[1]))
 FIGURES = ("time/total_s", "perf/bubble_frac_trainer", "perf/checkpoint_frac", "perf/tracking_frac")
 
 
+@pytest.mark.nightly  # CI: SIGKILL and SIGTERM, then resume (the tests above)
 def test_a_run_killed_during_its_final_upload_is_finished_by_resume(store, tmp_path):
     """SIGKILL during the final upload left a KILLED run with no plots, history or policy,
     steps 57–60 lost, and ``resume`` saying raise ``trainer.steps``. Now resume finishes it,
@@ -342,6 +352,7 @@ def test_a_run_killed_during_its_final_upload_is_finished_by_resume(store, tmp_p
     assert again.returncode == 2 and "raise it" in again.stderr
 
 
+@pytest.mark.nightly  # cleanup after a SIGKILL
 @pytest.mark.slow
 def test_a_sigkilled_ray_runs_cluster_ends_with_it(store, tmp_path):
     """After SIGKILL of a Ray run, Ray's dashboard and runtime-env agents lived on for up

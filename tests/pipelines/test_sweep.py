@@ -60,6 +60,7 @@ def summary_files(uri: str, run_id: str) -> set[str]:
     return {a.path for a in MlflowClient(uri).list_artifacts(run_id, "summary")}
 
 
+@pytest.mark.nightly  # CI: a sweep through the CLI stopped and resumed (the interrupted-trial test)
 def test_a_grid_sweep_through_the_cli_with_a_second_driver_and_a_sigterm(store, tmp_path):
     """Two copies of a sweep at once used to corrupt each other (the second took the
     first's live trial for stale); SIGTERM used to abort it (exit 134) after its
@@ -233,6 +234,7 @@ def test_an_interrupted_optuna_sweep_resumes_without_rerunning(store, tmp_path):
     assert len(children) == 4 and parent.data.tags["sweep.status"] == "complete"
 
 
+@pytest.mark.nightly  # a 60-step grid for one pruned trial
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_median_pruner_stops_an_obviously_bad_trial(store, tmp_path):
     # Two sane learning rates complete first; lr = 0.5 wrecks the policy in one step.
@@ -418,6 +420,7 @@ def test_a_resumed_study_does_not_draw_trial_0_again(store, tmp_path):
     assert draw(resumed) not in drawn
 
 
+@pytest.mark.nightly  # CI: failing trials are recorded (test_failing_trials_…)
 def test_a_sweep_where_no_trial_completes_fails(store, tmp_path):
     broken = tmp_path / "broken_model"
     broken.mkdir()
@@ -512,6 +515,7 @@ def test_a_stop_just_after_a_trial_was_told_leaves_it_complete():
     assert [t.state.name for t in study.trials] == ["COMPLETE"] and "interrupted" not in study.user_attrs
 
 
+@pytest.mark.nightly  # a race's regression test
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_stop_after_a_trials_run_finished_but_before_its_tell_keeps_its_result(store, tmp_path, monkeypatch):
     """SIGTERM can land after a trial's run FINISHED in MLflow but before Optuna was told:
@@ -547,6 +551,7 @@ def test_a_stop_after_a_trials_run_finished_but_before_its_tell_keeps_its_result
     ]
 
 
+@pytest.mark.nightly  # a race's regression test
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_seed_that_finished_before_a_stop_is_adopted_not_run_again(store, tmp_path, monkeypatch):
     """A configuration's seed 0 FINISHED, then the stop came before seed 1 ran: the

@@ -103,6 +103,7 @@ def test_ui_serves_the_reconciled_store_on_localhost_and_ends_with_its_workers_o
         ui.wait()
 
 
+@pytest.mark.nightly  # CI: SIGTERM ends the server (the test above)
 def test_ui_ends_its_server_on_sighup_too(store):
     """SIGHUP (the terminal closed) ended `asyncrlhf ui` and left its 15 server processes
     listening; every ending signal now ends the server's whole process group."""
