@@ -13,7 +13,7 @@ __all__ = ["sequence_logprobs"]
 
 
 def sequence_logprobs(
-    model: Any, batch: ExperienceBatch, temperature: float = 1.0, share_prompts: bool = True
+    model: Any, batch: ExperienceBatch, temperature: float = 1.0, share_prompts: bool = True, always: bool = False
 ) -> torch.Tensor:
     """Log-probs of the response tokens under ``model`` at ``temperature``: Tensor[B, R].
 
@@ -23,12 +23,14 @@ def sequence_logprobs(
     over every row; only float rounding differs. Where the prompts are all distinct, the
     model's cache cannot be gathered, or ``share_prompts`` is False, one pass reads prompt
     and response of every row and materialises only the logits that predict response
-    tokens (``logits_to_keep``).
+    tokens (``logits_to_keep``). ``always``: share even where the prompts are all distinct,
+    so the number of forward passes depends on the response width alone (the ranks of a
+    trainer group must all make the same passes).
     """
     width = batch.response_ids.shape[1]
     if share_prompts:
         prompts, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
-        if prompts.shape[0] < len(batch):
+        if always or prompts.shape[0] < len(batch):
             logits = _shared_prompt_logits(model, batch, inverse, prompts.shape[0])
             if logits is not None:
                 return token_logprobs(logits, batch.response_ids, temperature)

@@ -50,15 +50,20 @@ Parallel = Literal["fsdp", "ddp"]
 _WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def shard_rows(tokens: list[int], world: int) -> list[list[int]]:
-    """Rows for each of ``world`` ranks, balanced by ``tokens`` per row: the longest row
-    first to the rank with the fewest tokens so far (ties: the lower rank). Every rank
-    computes the same split."""
+def shard_rows(tokens: list[int], world: int, groups: list[int] | None = None) -> list[list[int]]:
+    """Rows for each of ``world`` ranks, balanced by ``tokens`` per row: the largest unit
+    first to the rank with the fewest tokens so far (ties: the lower rank). A unit is a row,
+    or with ``groups`` (a group id per row) every row of a group, kept on one rank: the rows
+    of one prompt, which that rank then reads once. Every rank computes the same split."""
+    units: dict[int, list[int]] = {}
+    for row in range(len(tokens)):
+        units.setdefault(row if groups is None else groups[row], []).append(row)
+    size = {key: sum(tokens[r] for r in rows) for key, rows in units.items()}
     loads, shares = [0] * world, [[] for _ in range(world)]
-    for row in sorted(range(len(tokens)), key=lambda r: (-tokens[r], r)):
+    for key in sorted(units, key=lambda k: (-size[k], units[k][0])):
         rank = min(range(world), key=lambda k: (loads[k], k))
-        shares[rank].append(row)
-        loads[rank] += tokens[row]
+        shares[rank] += units[key]
+        loads[rank] += size[key]
     return [sorted(share) for share in shares]
 
 
@@ -122,14 +127,18 @@ class ShardedTrainer(TrainerWorker):
     # ------------------------------------------------------ the split batch
     def _logprobs(self, model: Any, batch: ExperienceBatch) -> torch.Tensor:
         """This rank computes its rows; the sum over ranks fills every row once (adding
-        zeros is exact), and this rank's rows are put back with their graph."""
+        zeros is exact), and this rank's rows are put back with their graph. With
+        ``share_prompts`` a prompt's rows stay on one rank, which reads the prompt once."""
         tokens = batch.attention_mask.sum(dim=1).tolist()
-        rows = shard_rows(tokens, self.world)[self.rank]
+        groups = None
+        if self.share_prompts:
+            _, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
+            groups = inverse.tolist()
+        rows = shard_rows(tokens, self.world, groups)[self.rank]
         mine = torch.tensor(rows if rows else [0], dtype=torch.long, device=batch.input_ids.device)
-        # One pass over every row: the shared-prompt path makes one forward or two depending
-        # on the rows, and every rank must make the same (FSDP2 gathers per forward, DDP
-        # reduces once per forward)
-        local = sequence_logprobs(model, _select(batch, mine), self.temperature, share_prompts=False)
+        # Every rank must make the same forward passes (FSDP2 gathers each layer per pass):
+        # sharing always takes its prompt-then-responses path, whatever this rank's rows
+        local = sequence_logprobs(model, _select(batch, mine), self.temperature, self.share_prompts, always=True)
         full = torch.zeros(len(batch), batch.response_ids.shape[1], dtype=local.dtype, device=local.device)
         if rows:
             full[mine] = local.detach()

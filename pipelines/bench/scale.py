@@ -131,8 +131,8 @@ def generation_case(params: dict[str, Any]) -> list[Any]:
 
 
 # The arms of the group-learning study: the quick start on the Ray runtime, one rollout
-# actor, half a CPU each; one trainer process, the same reading every row whole (what each
-# rank of a group does: only float rounding tells it from the first), and two ranks.
+# actor, half a CPU each; one trainer process, the same reading every row whole (the
+# control: the same update, only float rounding tells it from the first), and two ranks.
 GROUP_ARMS: dict[str, list[str]] = {
     "one": ["runtime.trainer.ranks=1"],
     "one_rows_whole": ["runtime.trainer.ranks=1", "trainer.share_prompts=false"],

@@ -232,8 +232,8 @@ class TrainerSpec(_Section):
     share_prompts: bool = Field(
         True,
         description="Read each distinct prompt once per training pass and gather its KV cache for its rows "
-        "(same log-probs and gradient up to float rounding; false: read every row whole). One trainer process "
-        "only: the ranks of a trainer group always read their rows whole.",
+        "(same log-probs and gradient up to float rounding; false: read every row whole). In a trainer group "
+        "a prompt's rows go to one rank, which reads the prompt once.",
     )
     checkpoint_every: int = Field(
         100, ge=0, description="Checkpoint every this many steps, at the end, and on SIGTERM/SIGINT (0: never)."

@@ -1,6 +1,7 @@
 """A trainer group's update is the one-process update: every registered objective and
 aggregation, at 2 and 4 ranks (gloo, one process each), FSDP2 and DDP, float64 and
-float32, with unequal tokens per rank, a rank whose share of a mini-batch is empty, and
+float32, each prompt read once per rank (a prompt's rows on one rank) or every row whole,
+with unequal tokens per rank, a rank whose share of a mini-batch is empty, and
 micro-batches."""
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def test_the_cases_cover_every_registered_objective_and_aggregation():
 
 def test_rows_are_shared_by_tokens_and_every_row_goes_to_one_rank():
     assert shard_rows([5, 1, 1, 1, 4, 2], 2) == [[0, 1, 2], [3, 4, 5]]  # 7 tokens each: longest first
+    # a prompt's rows stay together: groups of 6, 4 and 4 tokens
+    assert shard_rows([3, 1, 3, 2, 2, 1, 1, 1], 2, [0, 1, 0, 2, 2, 1, 1, 1]) == [[0, 2], [1, 3, 4, 5, 6, 7]]
     shares = shard_rows([3, 3], 4)
     assert shares == [[0], [1], [], []]
     tokens = [7, 1, 9, 2, 2, 8, 3, 5, 5, 1]
@@ -108,7 +111,9 @@ def _model(dtype: torch.dtype) -> tuple[Any, Any]:
     return build_tiny_model(tokenizer, TWO_LAYERS, seed=1).to(dtype), tokenizer
 
 
-def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, out: str, device: str) -> None:
+def _rank(
+    rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, out: str, device: str, share: bool
+) -> None:
     import torch.distributed as dist
 
     from asyncrlhf.training.sharded import ShardedTrainer
@@ -125,7 +130,15 @@ def _rank(rank: int, world: int, port: int, parallel: str, dtype: torch.dtype, o
         batch = _batch(model, tokenizer)
         results = {}
         for case in CASES:
-            trainer = _trainer(ShardedTrainer, copy.deepcopy(model), tokenizer, case, parallel=parallel, device=device)
+            trainer = _trainer(
+                ShardedTrainer,
+                copy.deepcopy(model),
+                tokenizer,
+                case,
+                parallel=parallel,
+                device=device,
+                share_prompts=share,
+            )
             metrics = [trainer.step(batch) for _ in range(_steps(dtype))]
             results[case[0]] = (metrics, trainer.state_dict(), _grads(trainer.model))
         results["whole"] = _whole_model_use(trainer, tokenizer)
@@ -193,9 +206,11 @@ def _steps(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 1
 
 
-def _group(world: int, parallel: str, dtype: torch.dtype, tmp_path: Path, device: str = "cpu") -> dict[str, Any]:
+def _group(
+    world: int, parallel: str, dtype: torch.dtype, tmp_path: Path, device: str = "cpu", share: bool = True
+) -> dict[str, Any]:
     out = str(tmp_path / f"{world}-{parallel}.pt")
-    spawn_ranks(_rank, world, free_port(), parallel, dtype, out, device)
+    spawn_ranks(_rank, world, free_port(), parallel, dtype, out, device, share)
     return torch.load(out, weights_only=False, map_location="cpu")
 
 
@@ -205,27 +220,28 @@ ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), rea
 
 
 @pytest.mark.parametrize(
-    ("world", "parallel", "dtype", "tol", "device"),
+    ("world", "parallel", "dtype", "tol", "device", "share"),
     [
-        (2, "fsdp", torch.float64, 1e-6, "cpu"),
-        (4, "fsdp", torch.float64, 1e-6, "cpu"),
-        (2, "ddp", torch.float64, 1e-6, "cpu"),
-        (2, "fsdp", torch.float32, 1e-5, "cpu"),
-        pytest.param(GPU_WORLD, "fsdp", torch.float32, 1e-5, "cuda", marks=ON_GPU, id="nccl-fsdp"),
-        pytest.param(GPU_WORLD, "ddp", torch.float32, 1e-5, "cuda", marks=ON_GPU, id="nccl-ddp"),
+        (2, "fsdp", torch.float64, 1e-6, "cpu", True),
+        (4, "fsdp", torch.float64, 1e-6, "cpu", True),
+        (2, "ddp", torch.float64, 1e-6, "cpu", True),
+        (2, "fsdp", torch.float32, 1e-5, "cpu", True),
+        (2, "fsdp", torch.float64, 1e-6, "cpu", False),
+        pytest.param(GPU_WORLD, "fsdp", torch.float32, 1e-5, "cuda", True, marks=ON_GPU, id="nccl-fsdp"),
+        pytest.param(GPU_WORLD, "ddp", torch.float32, 1e-5, "cuda", True, marks=ON_GPU, id="nccl-ddp"),
     ],
 )
-def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, tol, device, tmp_path):
+def test_a_group_update_equals_the_one_process_update(world, parallel, dtype, tol, device, share, tmp_path):
     torch.set_num_threads(1)
     model, tokenizer = _model(dtype)
     batch = _batch(model, tokenizer)
     tokens = [e.prompt_ids.numel() + e.response_ids.numel() for e in batch]
     assert len(set(tokens)) > 2  # unequal rows, so unequal shares
-    group = _group(world, parallel, dtype, tmp_path, device)
+    group = _group(world, parallel, dtype, tmp_path, device, share)
     for case in CASES:
-        # Ranks read every row whole; reading each prompt once instead rounds differently,
-        # which AdamW turns into up to 1.4e-6 on a weight whose gradient is near 0 (measured)
-        trainer = _trainer(TrainerWorker, copy.deepcopy(model), tokenizer, case, share_prompts=False, device=device)
+        # The same reading as the group's: each prompt once or every row whole (the two round
+        # differently, which AdamW turns into up to 1.4e-6 on a weight whose gradient is near 0)
+        trainer = _trainer(TrainerWorker, copy.deepcopy(model), tokenizer, case, share_prompts=share, device=device)
         metrics = [trainer.step(batch) for _ in range(_steps(dtype))]
         sharded_metrics, sharded_state, sharded_grads = group[case[0]]
         for one, many in zip(metrics, sharded_metrics, strict=True):
