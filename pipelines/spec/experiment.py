@@ -23,11 +23,11 @@ from asyncrlhf.orchestration.schedule import Schedule
 from pipelines.spec.algorithms import AlgorithmSection, schema_union, validate_algorithm
 from pipelines.spec.errors import format_validation_error
 from pipelines.spec.files import SpecError, _Section, apply_overrides, read_yaml
+from pipelines.spec.model import ModelSpec
 from pipelines.spec.plugins import import_plugins
 from pipelines.spec.sections import (
     ActorSpec,
     BufferSpec,
-    ModelSpec,
     OrchestratorSpec,
     RewardTermSpec,
     RolloutSpec,
