@@ -9,7 +9,7 @@ import torch
 from asyncrlhf.models import cache_argument, gather_cache_rows, token_logprobs
 from asyncrlhf.types import ExperienceBatch
 
-__all__ = ["sequence_logprobs"]
+__all__ = ["prompt_groups", "sequence_logprobs"]
 
 
 def sequence_logprobs(
@@ -29,9 +29,9 @@ def sequence_logprobs(
     """
     width = batch.response_ids.shape[1]
     if share_prompts:
-        prompts, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
-        if always or prompts.shape[0] < len(batch):
-            logits = _shared_prompt_logits(model, batch, inverse, prompts.shape[0])
+        n, inverse = prompt_groups(batch)
+        if always or n < len(batch):
+            logits = _shared_prompt_logits(model, batch, inverse, n)
             if logits is not None:
                 return token_logprobs(logits, batch.response_ids, temperature)
     out = model(
@@ -43,6 +43,12 @@ def sequence_logprobs(
     )
     logits = out.logits[:, :-1, :]  # (B, R, V): the last kept column predicts past the end
     return token_logprobs(logits, batch.response_ids, temperature)
+
+
+def prompt_groups(batch: ExperienceBatch) -> tuple[int, torch.Tensor]:
+    """``(n, inverse)``: the batch's ``n`` distinct prompts, and each row's prompt index."""
+    prompts, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
+    return prompts.shape[0], inverse
 
 
 def _shared_prompt_logits(model: Any, batch: ExperienceBatch, inverse: torch.Tensor, n: int) -> torch.Tensor | None:

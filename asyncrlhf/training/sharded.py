@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from asyncrlhf.models import PIECE_BYTES, state_buckets, weights_checksum
-from asyncrlhf.training.logprobs import sequence_logprobs
+from asyncrlhf.training.logprobs import prompt_groups, sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, merge_state
 from asyncrlhf.training.trainer import TrainerWorker, _select
 from asyncrlhf.types import ExperienceBatch
@@ -130,10 +130,7 @@ class ShardedTrainer(TrainerWorker):
         zeros is exact), and this rank's rows are put back with their graph. With
         ``share_prompts`` a prompt's rows stay on one rank, which reads the prompt once."""
         tokens = batch.attention_mask.sum(dim=1).tolist()
-        groups = None
-        if self.share_prompts:
-            _, inverse = torch.unique(batch.input_ids[:, : batch.prompt_width], dim=0, return_inverse=True)
-            groups = inverse.tolist()
+        groups = prompt_groups(batch)[1].tolist() if self.share_prompts else None
         rows = shard_rows(tokens, self.world, groups)[self.rank]
         mine = torch.tensor(rows if rows else [0], dtype=torch.long, device=batch.input_ids.device)
         # Every rank must make the same forward passes (FSDP2 gathers each layer per pass):
