@@ -8,6 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.bench.gate import Figure, compare
+from pipelines.bench.suite import SUITES
 from tests.pipelines.conftest import cli, env
 
 
@@ -120,7 +121,7 @@ def test_bad_arguments_fail_clearly(tmp_path):
 def test_quick_suite_end_to_end_into_mlflow(tmp_path, store):
     # every case of the quick suite but the checkpoint one (a 200-step run: the nightly
     # benchmark workflow runs it)
-    cases = [arg for case in ("reward", "decoded", "losses", "buffer", "overhead") for arg in ("--case", case)]
+    cases = [arg for case in SUITES["quick"] if case != "checkpoint" for arg in ("--case", case)]
     done = bench(tmp_path, "--baseline", str(tmp_path / "none.json"), "--uri", store, *cases)
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
