@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 from asyncrlhf.models import PIECE_BYTES, state_buckets, weights_checksum
 from asyncrlhf.training.logprobs import prompt_groups, sequence_logprobs
 from asyncrlhf.training.lora import adapter_state_dict, is_lora, merge_state
+from asyncrlhf.training.safe_dcp import SafeLoadPlanner, SafeReader, check_dcp_folder
 from asyncrlhf.training.trainer import TrainerWorker, _select
 from asyncrlhf.types import ExperienceBatch
 
@@ -267,11 +268,18 @@ class ShardedTrainer(TrainerWorker):
 def load_shards(model: Any, optimizer: Any, folder: str | Path) -> None:
     """Load what :meth:`ShardedTrainer.save_sharded` wrote into ``model`` and
     ``optimizer``: the shards of any number of ranks resharded onto this group, or read
-    whole by one process without a group (a group's run resumed by one trainer)."""
+    whole by one process without a group (a group's run resumed by one trainer). Nothing
+    in the folder can run code (:mod:`asyncrlhf.training.safe_dcp`).
+
+    Raises:
+        UnsafeCheckpointError: a file of the folder names code.
+    """
+    check_dcp_folder(folder)  # a clear refusal, before DCP wraps it
     options = _trained(model)
     model_state, optim = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optim}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+    # DCP's own reader unpickles ``.metadata`` and bytes items unrestricted: ours admits no code
+    dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
     )

@@ -124,6 +124,23 @@ class Checkpoints:
         except (OSError, ValueError):
             return None
 
+    def refuse_code(self) -> None:
+        """Refuse the whole store if any checkpoint's trainer shards name code (their
+        ``.metadata`` pickles are read with DCP's classes only admitted): a tampered
+        checkpoint is not skipped for an older one, it stops the resume.
+
+        Raises:
+            CheckpointError: naming the file and what it names.
+        """
+        from asyncrlhf.training.safe_dcp import UnsafeCheckpointError, read_metadata
+
+        for step in self.steps():
+            for path in sorted((self.folder / f"step-{step:06d}").rglob("*.metadata")):
+                try:
+                    read_metadata(path)
+                except UnsafeCheckpointError as err:
+                    raise CheckpointError(f"refused: {err}") from None
+
     def load_latest(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state, manifest)`` of the newest checkpoint that verifies; an older one,
         with a warning, when the newest is damaged.
@@ -134,6 +151,7 @@ class Checkpoints:
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"no checkpoint in {self.folder}")
+        self.refuse_code()
         problems = []
         for step in reversed(steps):
             folder = self.folder / f"step-{step:06d}"
@@ -267,6 +285,10 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
     steps = store.steps()
     if not steps:
         raise SpecError(f"--resume {run_id}: the run has no checkpoint in {store.folder}")
+    try:
+        store.refuse_code()  # before anything is built
+    except CheckpointError as err:
+        raise SpecError(f"--resume {run_id}: {err}") from None
     # A run checkpointed at its last step but not FINISHED stopped during its final upload:
     # resuming it with the same steps finishes it (metrics, plots, policy), training nothing.
     unfinished_end = spec.trainer.steps == steps[-1] and run.info.status != "FINISHED"
