@@ -33,6 +33,12 @@ def _registries_as_they_were():  # type: ignore[no-untyped-def]
         del sys.modules[name]
 
 
+@pytest.fixture(autouse=True)
+def _trusted(monkeypatch):  # type: ignore[no-untyped-def]
+    """The user opted in to their own plugin (``--trust-code``'s environment variable)."""
+    monkeypatch.setenv("ASYNCRLHF_TRUST_CODE", "1")
+
+
 def toy_spec(*overrides: str):  # type: ignore[no-untyped-def]
     """The user's experiment: the quick start's task and model, the plugin's loss."""
     text = f"""
@@ -84,3 +90,49 @@ def test_a_run_trains_with_the_plugin_loss_and_estimator():
     assert toy.CALLS["loss"] > before["loss"]
     assert [s["policy/scale"] for s in result.history.steps] == [2.0, 2.0, 2.0]
     assert all(s["train/signal_rows"] >= 0 for s in result.history.steps)
+
+
+def test_untrusted_the_plugin_is_refused_and_validate_imports_nothing(monkeypatch, tmp_path):
+    """Without the opt-in a spec naming a plugin is refused before anything is imported;
+    ``validate`` never imports it, and lists it with what it left unchecked."""
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    monkeypatch.delenv("ASYNCRLHF_TRUST_CODE")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evil.py").write_text("import pathlib\npathlib.Path('PWNED').touch()\n")
+    (tmp_path / "evil.yaml").write_text("plugins: [evil.py]\nalgorithm: {name: evil_loss, power: 3}\n")
+    with pytest.raises(SpecError, match=r"would run code: plugins.0: 'evil.py' \(a Python file\).*--trust-code"):
+        load_spec(tmp_path / "evil.yaml")
+    result = CliRunner().invoke(app, ["validate", "evil.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "not imported: would import plugins.0: 'evil.py' (a Python file)" in result.output
+    assert "not imported: algorithm.name 'evil_loss' and its options" in result.output
+    result = CliRunner().invoke(app, ["run", "evil.yaml"])
+    assert result.exit_code == 2 and result.output.count("error:") == 1, result.output
+    assert "--trust-code" in result.output
+    assert not (tmp_path / "PWNED").exists()
+    result = CliRunner().invoke(app, ["validate", "evil.yaml", "--set", "plugins=[]"])
+    assert result.exit_code == 2 and "name 'evil_loss' is not a registered policy loss" in result.output
+
+
+def test_with_trust_code_the_cli_runs_the_plugin(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    monkeypatch.delenv("ASYNCRLHF_TRUST_CODE")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("import pathlib\npathlib.Path('IMPORTED').touch()\n")
+    (tmp_path / "mine.yaml").write_text(
+        "plugins: [mine.py]\ntask: {kind: addition, digits: 2, eval_size: 10}\nrollout: {group_size: 4}\n"
+        "trainer: {steps: 2, batch_size: 16, checkpoint_every: 0}\norchestrator: {mode: sync, eval_every: 0}\n"
+        f"tracking: {{uri: 'sqlite:///{tmp_path}/mlflow/mlflow.db'}}\n"
+    )
+    result = CliRunner().invoke(app, ["run", "mine.yaml", "--trust-code"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "IMPORTED").exists()
+    import os
+
+    assert os.environ.get("ASYNCRLHF_TRUST_CODE") == "1"  # what Ray's workers and trials inherit

@@ -173,10 +173,14 @@ def pretrained_policy(
 
 
 def load_pretrained(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a local Hugging Face directory (never the hub), the
-    weights in ``dtype`` whatever the checkpoint's."""
+    weights in ``dtype`` whatever the checkpoint's. A folder whose config names custom
+    code is refused (never prompted for) unless ``trust_remote_code``, as in transformers."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -184,16 +188,18 @@ def load_pretrained(
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"model path {directory} is not a Hugging Face model directory (no config.json)")
     hf_logging.disable_progress_bar()
-    tokenizer = load_tokenizer(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    tokenizer = load_tokenizer(directory, trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, local_files_only=True, dtype=dtype, trust_remote_code=trust_remote_code
+    )
     return model.to(device).eval(), tokenizer
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     """The tokenizer of a local Hugging Face directory, with a pad token."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(Path(path), local_files_only=True, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -5,6 +5,7 @@ command's refusals."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -14,8 +15,9 @@ from rich.console import Console
 
 from pipelines.spec import ExperimentSpec, SpecError, load_spec, spec_from_dict
 from pipelines.spec.files import apply_overrides
+from pipelines.spec.trust import TRUST_ENV
 
-__all__ = ["ForceOpt", "SetOpt", "SpecArg", "app", "command", "console", "errors", "fail", "load"]
+__all__ = ["ForceOpt", "SetOpt", "SpecArg", "TrustOpt", "app", "command", "console", "errors", "fail", "load", "trust"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Asynchronous RL post-training experiments.")
 console = Console() if Console().is_terminal else Console(width=140)  # logs: no 80-column cut
@@ -23,9 +25,23 @@ errors = Console(stderr=True, width=None if Console(stderr=True).is_terminal els
 
 SpecArg = Annotated[Path, typer.Argument(help="Experiment YAML file.", show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable).")]
+TrustOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-code",
+        help=f"Run the code the spec names (plugins, 'module:function' rewards and scorers, a model's custom code): "
+        f"refused without it. {TRUST_ENV}=1 does the same.",
+    ),
+]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Resume even if the spec is not the one the checkpoint was written with.")
 ]
+
+
+def trust(on: bool) -> None:
+    """``--trust-code``: this process, and every one it starts (Ray's workers, trials), trust the spec's code."""
+    if on:
+        os.environ[TRUST_ENV] = "1"
 
 
 def fail(message: object) -> NoReturn:

@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pipelines.cli.app import ForceOpt, SetOpt, SpecArg, app, command, console, errors, fail, load
+from pipelines.cli.app import ForceOpt, SetOpt, SpecArg, TrustOpt, app, command, console, errors, fail, load, trust
 from pipelines.run.chatmodel import chat_model
 from pipelines.spec import ExperimentSpec, SpecError, spec_from_dict
 from pipelines.spec.files import apply_overrides, flatten
@@ -21,12 +21,36 @@ from pipelines.tracking.names import CHANGED_TAG, run_name_for
 
 @command()
 def validate(spec: SpecArg, set_: SetOpt = None) -> None:
-    """Check a spec (and overrides) without running anything."""
-    experiment = load(spec, set_)
-    console.print(
-        f"[green]ok[/] {spec}: {experiment.name} — {experiment.algorithm.name}, {experiment.orchestrator.mode}, "
-        f"{experiment.trainer.steps} steps × {experiment.trainer.batch_size} samples"
-    )
+    """Check an experiment or sweep spec (and overrides) without running anything: no
+    user code is imported, and what a run would import is listed."""
+    from pipelines.spec.files import read_yaml
+    from pipelines.spec.trust import without_imports
+
+    with without_imports() as unchecked:
+        if _is_sweep(read_yaml(spec)):
+            from pipelines.sweeps import load_sweep
+
+            sweep, _ = load_sweep(spec, set_ or [])
+            seeds = f" × {len(sweep.seeds)} seeds" if sweep.seeds else ""
+            summary = (
+                f"sweep {sweep.name} — {sweep.method}, {sweep.num_trials} trials{seeds} over {', '.join(sweep.space)}"
+            )
+        else:
+            experiment = load(spec, set_)
+            summary = (
+                f"{experiment.name} — {experiment.algorithm.name}, {experiment.orchestrator.mode}, "
+                f"{experiment.trainer.steps} steps × {experiment.trainer.batch_size} samples"
+            )
+    console.print(f"[green]ok[/] {spec}: {summary}", highlight=False, soft_wrap=True)
+    for note in unchecked:  # user code is never imported here: a run needs --trust-code for it
+        console.print(f"  not imported: {note}", highlight=False, soft_wrap=True)
+    if any(note.startswith("would import") for note in unchecked):
+        console.print("  `run` and `sweep` refuse this code unless given --trust-code", highlight=False)
+
+
+def _is_sweep(data: dict) -> bool:
+    """A sweep file has a base experiment and a search space; an experiment has neither."""
+    return "space" in data or "base" in data
 
 
 @command()
@@ -47,8 +71,10 @@ def run(
         str | None, typer.Option(help="Continue this MLflow run from its last checkpoint (same spec but for steps).")
     ] = None,
     force: ForceOpt = False,
+    trust_code: TrustOpt = False,
 ) -> None:
     """Run an experiment and log it to MLflow (or continue a stopped run: --resume RUN_ID)."""
+    trust(trust_code)
     experiment = load(spec, set_)
     if set_ and resume is None and experiment.tracking.run_name is None:  # the name says what --set changed
         values = flatten(experiment)
@@ -68,10 +94,12 @@ def resume(
     set_: SetOpt = None,
     uri: Annotated[str | None, typer.Option(help="Tracking store (default: as for `run`).")] = None,
     force: ForceOpt = False,
+    trust_code: TrustOpt = False,
 ) -> None:
     """Continue a stopped (or, with a raised trainer.steps, a finished) run from its last checkpoint."""
     from pipelines.tracking import open_store, read_run
 
+    trust(trust_code)
     try:
         _, data, _ = read_run(open_store(uri), run_id)
         if uri is not None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipelines.cli.app import command, console, errors, fail
+from pipelines.cli.app import TrustOpt, command, console, errors, fail, trust
 
 
 @command()
@@ -21,8 +21,10 @@ def sweep(
         int | None, typer.Option(help="Start at most this many trials now; run the command again to resume.")
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Apply the sweep file's own 'quick' overrides.")] = False,
+    trust_code: TrustOpt = False,
 ) -> None:
     """Run (or resume) a grid or Optuna sweep, trials in parallel on Ray, into MLflow."""
+    trust(trust_code)
     from pipelines.run.processes import exit_code, sigterm_interrupts
     from pipelines.sweeps import format_value, load_sweep, run_sweep
 

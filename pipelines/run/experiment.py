@@ -28,6 +28,7 @@ from pipelines.spec.files import SpecError
 from pipelines.spec.memory import check_fits
 from pipelines.spec.plugins import import_plugins
 from pipelines.spec.tasks import build_reward, build_task, counted_eval_problems, eval_scorer, model_context
+from pipelines.spec.trust import code_trusted
 
 __all__ = [
     "RunResult",
@@ -166,10 +167,10 @@ def build_runtime(
         torch.set_num_threads(spec.runtime.torch_threads)
     if local:
         device = _device(spec)
-        model, tokenizer = load_pretrained(path, device, spec.model.torch_dtype)
+        model, tokenizer = load_pretrained(path, device, spec.model.torch_dtype, code_trusted())
         context = getattr(model.config, "max_position_embeddings", None)
     else:
-        tokenizer, context = load_tokenizer(path), model_context(path)
+        tokenizer, context = load_tokenizer(path, code_trusted()), model_context(path)
     task, reward = build_task(spec, tokenizer, context), build_reward(spec, tokenizer)
     held_out = counted_eval_problems(task, on_data)
     config = RunConfig(
@@ -190,7 +191,9 @@ def build_runtime(
         return Orchestrator(engine, trainer, config)
     from asyncrlhf.distributed import RayOrchestrator
 
-    engines, trainers = functools.partial(_actor_engine, spec, path), functools.partial(_actor_trainer, spec, path)
+    trusted = code_trusted()  # decided here, where the spec was checked: an actor's environment may differ
+    engines = functools.partial(_actor_engine, spec, path, trusted)
+    trainers = functools.partial(_actor_trainer, spec, path, trusted)
     return RayOrchestrator(engines, trainers, config, ray_layout(spec))
 
 
@@ -200,22 +203,23 @@ def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table
     return None if on_table is None else table_callback(problems, tokenizer, spec.tracking.eval_samples, on_table)
 
 
-def _actor_engine(spec: ExperimentSpec, path: str, worker: int) -> Any:
-    """Inside a rollout actor: its own model (vLLM loads the path itself)."""
+def _actor_engine(spec: ExperimentSpec, path: str, trusted: bool, worker: int) -> Any:
+    """Inside a rollout actor: its own model (vLLM loads the path itself); the spec's
+    plugins and custom model code were trusted by the driver (``trusted``) or refused."""
     import_plugins(spec.plugins)  # their reward terms
     seed_everything(spec.seed + 1 + worker)
     device = _device(spec)
     if spec.rollout.engine == "vllm":
         return _engine(spec, None, None, path, device, worker)
-    model, tokenizer = load_pretrained(path, device, spec.model.torch_dtype)
+    model, tokenizer = load_pretrained(path, device, spec.model.torch_dtype, trusted)
     return _engine(spec, model, tokenizer, path, device, worker, copy_model=False)
 
 
-def _actor_trainer(spec: ExperimentSpec, path: str) -> TrainerWorker:
+def _actor_trainer(spec: ExperimentSpec, path: str, trusted: bool) -> TrainerWorker:
     """Inside the trainer actor."""
     import_plugins(spec.plugins)  # their losses and estimators
     seed_everything(spec.seed)
-    model, tokenizer = load_pretrained(path, _device(spec), spec.model.torch_dtype)
+    model, tokenizer = load_pretrained(path, _device(spec), spec.model.torch_dtype, trusted)
     return _trainer(spec, model, tokenizer)
 
 
@@ -377,7 +381,8 @@ def _log_policy(spec: ExperimentSpec, runtime: Runtime, tracker: Any) -> None:
     (weights and tokenizer), loadable with ``model.kind: pretrained``."""
     import tempfile
 
-    model, tokenizer = load_pretrained(_policy_path(spec), dtype=spec.model.torch_dtype)
+    path = _policy_path(spec)
+    model, tokenizer = load_pretrained(path, dtype=spec.model.torch_dtype, trust_remote_code=code_trusted())
     model.load_state_dict(runtime.policy_state())
     with tempfile.TemporaryDirectory(prefix="asyncrlhf-policy-") as tmp:
         model.save_pretrained(tmp)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from pipelines.spec import ExperimentSpec
+from pipelines.spec.trust import code_trusted
 
 __all__ = ["check_lora", "ray_layout"]
 
@@ -46,7 +47,9 @@ def check_lora(spec: ExperimentSpec, path: str) -> None:
     from asyncrlhf.training.lora import check_targets
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        trusted = code_trusted()
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trusted)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trusted)
     try:
         check_targets(model, spec.model.lora.target_modules)
     except ValueError as err:

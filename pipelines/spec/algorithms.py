@@ -14,9 +14,10 @@ import dataclasses
 import functools
 from typing import Annotated, Any, Literal, Union, get_type_hints
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from pipelines.spec.files import _Section
+from pipelines.spec.trust import names_unchecked, note_unchecked
 
 __all__ = ["AlgorithmSection", "algorithm_model", "algorithm_names", "schema_union", "validate_algorithm"]
 
@@ -53,7 +54,12 @@ class AlgorithmSection(_Section):
     def _registered(cls, value: str) -> str:
         from asyncrlhf.advantages import get_advantage
 
-        get_advantage(value)  # a ValueError listing the registered ones
+        try:
+            get_advantage(value)  # a ValueError listing the registered ones
+        except ValueError:
+            if _checking_names():
+                raise
+            note_unchecked(f"algorithm.advantage {value!r} (not registered: a plugin may register it)")
         return value
 
     def options(self) -> Any:
@@ -104,6 +110,20 @@ def validate_algorithm(value: Any) -> AlgorithmSection:
     if not isinstance(value, dict):
         raise ValueError(f"algorithm must be a mapping with a name, got {type(value).__name__}")
     name = value.get("name", "grpo")
+    if isinstance(name, str) and name not in algorithm_names() and not _checking_names():
+        note_unchecked(f"algorithm.name {name!r} and its options (not registered: a plugin may register it)")
+        return _UncheckedAlgorithm.model_validate({"name": name, **value})
     if not isinstance(name, str) or name not in algorithm_names():
         raise ValueError(f"name {name!r} is not a registered policy loss: {', '.join(algorithm_names())}")
     return algorithm_model(name).model_validate({"name": name, **value})
+
+
+class _UncheckedAlgorithm(AlgorithmSection):
+    """A section of a loss a plugin that was not imported may register (``validate``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _checking_names() -> bool:
+    """Names must be registered unless a spec is validated without its plugins."""
+    return not names_unchecked()

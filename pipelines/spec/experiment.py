@@ -36,6 +36,15 @@ from pipelines.spec.sections import (
     TrainerSpec,
 )
 from pipelines.spec.tasks import TaskSpec
+from pipelines.spec.trust import (
+    code_in_spec,
+    code_trusted,
+    importing,
+    names_unchecked,
+    note_unchecked,
+    refusal,
+    skip_plugins,
+)
 
 __all__ = [
     "ActorSpec",
@@ -90,6 +99,16 @@ class ExperimentSpec(_Section):
     @model_validator(mode="before")
     @classmethod
     def _import_plugins(cls, data: Any) -> Any:
+        """Code the spec names is refused unless trusted; imported (plugins first, so
+        what they register is known) unless validating without imports."""
+        found = code_in_spec(data)
+        if not importing():
+            for item in found:
+                note_unchecked(f"would import {item}")
+            skip_plugins(data.get("plugins") if isinstance(data, dict) else None)
+            return data
+        if found and not code_trusted():
+            raise ValueError(refusal(found))
         if isinstance(data, dict) and data.get("plugins"):
             import_plugins(data["plugins"])
         return data
@@ -103,7 +122,7 @@ class ExperimentSpec(_Section):
     @model_validator(mode="after")
     def _cross_field(self) -> ExperimentSpec:
         group = self.rollout.group_size
-        needs = get_advantage(self.algorithm.advantage).min_group_size
+        needs = _min_group_size(self.algorithm.advantage)
         if group < needs:
             raise ValueError(
                 f"algorithm.advantage {self.algorithm.advantage!r} needs rollout.group_size >= {needs} (got {group})"
@@ -211,6 +230,17 @@ def spec_from_dict(data: dict[str, Any], source: str = "spec") -> ExperimentSpec
         return ExperimentSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(f"{source}: {format_validation_error(err, data)}") from None
+
+
+def _min_group_size(advantage: str) -> int:
+    """The estimator's smallest group (1 for one validation left unchecked: a name a
+    plugin not imported may register)."""
+    try:
+        return get_advantage(advantage).min_group_size
+    except ValueError:
+        if not names_unchecked():
+            raise
+        return 1
 
 
 def _check_runtime(runtime: Any, workers: int) -> None:

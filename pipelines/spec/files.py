@@ -29,15 +29,29 @@ class _Section(BaseModel):
 
 
 def set_path(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """Set ``data[a][b] = value`` for ``key == "a.b"``, creating sections as needed."""
+    """Set ``data[a][b] = value`` for ``key == "a.b"``, creating sections as needed; a
+    number indexes a list (``rewards.0.weight``: the first reward term's weight)."""
     parts = key.strip().split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise SpecError(f"{key}: {part!r} is not a section")
-        node = child
-    node[parts[-1]] = value
+    node: Any = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[:depth]) or "the spec"
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise SpecError(f"{key}: {where} is a list of {len(node)}: {part!r} is not an index into it")
+            if last:
+                node[int(part)] = value
+                return data
+            node = node[int(part)]
+            continue
+        if not isinstance(node, dict):
+            raise SpecError(f"{key}: {where!r} is not a section")
+        if last:
+            node[part] = value
+            return data
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict | list):
+            raise SpecError(f"{key}: {'.'.join(parts[: depth + 1])!r} is not a section")
     return data
 
 
@@ -50,7 +64,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError as err:
-            raise SpecError(f"override {override!r}: value is not valid YAML: {err}") from err
+            problem = getattr(err, "problem", None) or " ".join(str(err).split())
+            raise SpecError(f"override {override!r}: the value is not valid YAML ({problem})") from None
         try:
             set_path(data, key, value)
         except SpecError as err:

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from asyncrlhf.orchestration.schedule import Mode
 from asyncrlhf.training.trainer import LrDecay
 from pipelines.spec.files import _Section, when
+from pipelines.spec.trust import importing, is_builtin_path, names_unchecked, note_unchecked
 
 __all__ = [
     "ActorSpec",
@@ -88,10 +89,16 @@ class RewardTermSpec(_Section):
     @field_validator("kind")
     @classmethod
     def _resolvable(cls, kind: str) -> str:
-        from asyncrlhf.rewards import get_reward
+        from asyncrlhf.rewards import available_rewards, get_reward
 
-        if kind != "decoded":
-            get_reward(kind)  # raises ValueError naming the kind
+        if kind == "decoded" or kind in available_rewards():
+            return kind
+        if not importing() and not is_builtin_path(kind) and (":" in kind or "." in kind):
+            return kind  # user code, not imported: listed as what a run would import
+        if names_unchecked():
+            note_unchecked(f"rewards kind {kind!r} (not registered: a plugin may register it)")
+            return kind
+        get_reward(kind)  # raises ValueError naming the kind
         return kind
 
     @model_validator(mode="after")
@@ -107,7 +114,8 @@ class RewardTermSpec(_Section):
         if self.kind == "decoded":
             from asyncrlhf.rewards.decoded import resolve_scorer
 
-            resolve_scorer(self.scorer)  # raises ValueError naming the path
+            if importing() or is_builtin_path(self.scorer):
+                resolve_scorer(self.scorer)  # raises ValueError naming the path
         return self
 
 

@@ -104,7 +104,10 @@ def model_context(path: str) -> int | None:
     from its config alone; None when it has none."""
     from transformers import AutoConfig
 
-    return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    from pipelines.spec.trust import code_trusted
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=code_trusted())
+    return getattr(config, "max_position_embeddings", None)
 
 
 def prompt_limit(spec: Any, context: int | None) -> int | None:

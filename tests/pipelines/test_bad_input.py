@@ -43,9 +43,31 @@ def setup_files(folder: Path) -> None:
     (folder / "missing.jsonl").write_text('{"question": "1+1=", "answer": "2"}\n{"question": "2+2="}\n')
     (folder / "latin1.jsonl").write_bytes('{"question": "caf\xe9", "answer": "2"}\n'.encode("latin-1"))
     (folder / "empty.jsonl").write_text("")
+    (folder / "evil.py").write_text("import pathlib\npathlib.Path('PWNED').touch()\n")
+    (folder / "evil.yaml").write_text("plugins: [evil.py]\n")
+    model_folders(folder)
     (folder / "long.jsonl").write_text(
         "".join(json.dumps({"question": str(i) * 300, "answer": "1"}) + "\n" for i in range(10))
     )
+
+
+def model_folders(folder: Path) -> None:
+    """Copies of the shipped start checkpoint that cannot load: no tokenizer, a garbled or
+    truncated weights file, a config that names custom code."""
+    from asyncrlhf.models import shipped_policy
+
+    for name in ("notok", "broken", "cut", "custom"):
+        shutil.copytree(shipped_policy(), folder / name)
+    for tokenizer in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / "notok" / tokenizer).unlink()
+    weights = folder / "broken" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:8] + b"\xff" * 200 + weights.read_bytes()[208:])
+    cut = folder / "cut" / "model.safetensors"
+    cut.write_bytes(cut.read_bytes()[:4096])
+    config = json.loads((folder / "custom" / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (folder / "custom" / "config.json").write_text(json.dumps(config))
+    (folder / "custom" / "modeling_evil.py").write_text("import pathlib\npathlib.Path('PWNED').touch()\n")
 
 
 def test_the_cases_are_there():
@@ -77,3 +99,4 @@ def test_each_bad_input_case_holds(case, store, tmp_path, monkeypatch):
         client = MlflowClient(store)
         assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
     assert os.getcwd() == str(tmp_path)
+    assert not (tmp_path / "PWNED").exists()  # no code the spec names ran

@@ -17,6 +17,12 @@ FLAKY = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _trusted(monkeypatch):  # type: ignore[no-untyped-def]
+    """The scorer is the user's own module: they opted in (``--trust-code``)."""
+    monkeypatch.setenv("ASYNCRLHF_TRUST_CODE", "1")
+
+
 def test_a_hanging_and_raising_verifier_costs_rows_not_the_run(store):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     spec = load_spec(
