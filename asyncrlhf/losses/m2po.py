@@ -183,7 +183,7 @@ def trust_region_cap(
     """
     valid = mask > 0
     harmful = valid & (((advantages > _EPS) & (log_ratio > _EPS)) | ((advantages < -_EPS) & (log_ratio < -_EPS)))
-    v = log_ratio.detach().double()[harmful].square()  # (n,)
+    v = log_ratio.detach()[harmful].square().double()  # (n,): squared in the input's precision, as theirs
     n = v.numel()
     if n == 0:
         return math.inf, 0.0, 0.0
@@ -217,9 +217,14 @@ def _trust_region(
     if math.isinf(tau):
         low, high = 0.0, math.inf  # within budget: no clip
     else:
-        low = 1.0 - max(1.0 - math.exp(-tau), min_clip_low or 0.0)
-        high = 1.0 + max(math.expm1(tau), min_clip_high or 0.0)
-    objective, clipped = clipped_surrogate(inputs.log_ratio, inputs.advantages, low, high)
+        # Their code maps τ to the bounds in float32 (``torch.exp(torch.tensor(τ))``): a
+        # bound is then exactly a float32 ratio, and the token at the cap (r == bound)
+        # keeps its gradient, torch.clamp being inclusive. The same mapping here puts the
+        # boundary where theirs falls in float32 and in float64 alike.
+        e_low, e_high = (float(torch.exp(torch.tensor(x, dtype=torch.float32))) for x in (-tau, tau))
+        low = 1.0 - max(1.0 - e_low, min_clip_low or 0.0)
+        high = 1.0 + max(e_high - 1.0, min_clip_high or 0.0)
+    objective, clipped = _clamped_surrogate(inputs, low, high)
     device, dtype = inputs.mask.device, inputs.mask.dtype
     stats = {
         "m2_trust_region": m2,
@@ -229,6 +234,19 @@ def _trust_region(
         "clip_high": high if math.isfinite(high) else -1.0,
     }
     return objective, clipped, {k: torch.tensor(v, device=device, dtype=dtype) for k, v in stats.items()}
+
+
+def _clamped_surrogate(inputs: Any, low: float, high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``min(r·A, clamp(r, low, high)·A)`` with the clip decided on the ratio itself, as
+    the authors' ``torch.clamp`` decides it (a token at a bound is not clipped); the
+    log-ratio is bounded (±20), so the ratio is finite. A clipped token's ratio is not
+    formed for the objective: it gets ``bound·A`` and no gradient."""
+    advantages = inputs.advantages
+    with torch.no_grad():
+        clipped = ((advantages > 0) & (inputs.ratio > high)) | ((advantages < 0) & (inputs.ratio < low))
+    ratio = torch.exp(torch.where(clipped, torch.zeros_like(inputs.log_ratio), inputs.log_ratio))
+    bound = torch.where(advantages > 0, torch.full_like(ratio, high), torch.full_like(ratio, low))
+    return torch.where(clipped, bound * advantages, ratio * advantages), clipped
 
 
 @dataclass

@@ -24,8 +24,9 @@ from asyncrlhf.losses import (
 # ----------------------------------------------------------------------------------------
 # A transcription of Infini-AI-Lab/M2PO (verl/trainer/ppo/core_algos.py, commit af54a3e):
 # _solve_tau_from_sorted_delta2, _get_trust_region_tokens_delta_sq, kpo_clip_harmful_tokens
-# and compute_m2po_policy_loss, kept loop for loop (in float64, without prints and
-# statistics); the only change is taking per-token advantages instead of advantages[:, 0].
+# and compute_m2po_policy_loss, kept loop for loop (without prints and statistics); the
+# only change is taking per-token advantages instead of advantages[:, 0]. Called as their
+# actor calls it: float32 log-probs, no floors.
 def _solve_tau(sorted_delta2: torch.Tensor, target_sum: float) -> tuple[float, float]:
     total = float(sorted_delta2.sum().item())
     if target_sum >= total - 1e-12:
@@ -55,7 +56,10 @@ def _reference_loss(old_log_prob, log_prob, advantages, response_mask, budget, m
         clip_low, clip_high = 0.0, 100000.0
     else:
         tau, _ = _solve_tau(torch.sort(tr_delta_sq)[0], budget * float(n))
-        clip_low, clip_high = math.exp(-tau), math.exp(tau)
+        # as their code maps τ to the bounds: torch.tensor(τ) is float32, so the bound is
+        # exactly a float32 ratio, and the token at the cap (r == bound) keeps its gradient
+        clip_low = float(torch.exp(torch.tensor(-tau)).item())
+        clip_high = float(torch.exp(torch.tensor(+tau)).item())
     clip_low, clip_high = 1 - clip_low, clip_high - 1
     if miniclip_low is not None and clip_low < miniclip_low:
         clip_low = miniclip_low
@@ -68,28 +72,34 @@ def _reference_loss(old_log_prob, log_prob, advantages, response_mask, budget, m
     return (losses * response_mask).sum() / response_mask.sum()  # verl's masked_mean: token-mean
 
 
-def stale_batch(sigma: float, seed: int, shape=(16, 12)):
+def stale_batch(sigma: float, seed: int, shape=(16, 12), dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(shape, generator=g, dtype=torch.float64) * 3
-    logprobs = (old + sigma * torch.randn(shape, generator=g, dtype=torch.float64)).requires_grad_()
-    advantages = torch.randn(shape[0], 1, generator=g, dtype=torch.float64).expand(shape)
+    old = (-torch.rand(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+    logprobs = (old + sigma * torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)).requires_grad_()
+    advantages = torch.randn(shape[0], 1, generator=g, dtype=torch.float64).expand(shape).to(dtype)
     lengths = torch.randint(3, shape[1] + 1, (shape[0],), generator=g)
-    mask = (torch.arange(shape[1])[None, :] < lengths[:, None]).double()
+    mask = (torch.arange(shape[1])[None, :] < lengths[:, None]).to(dtype)
     return logprobs, old, advantages, mask
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(4, 16), (64, 256)])
 @pytest.mark.parametrize("sigma", [0.3, 0.5, 1.0])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_trust_region_defaults_match_the_authors_run_path_in_value_and_gradient(sigma, seed):
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_trust_region_defaults_match_the_authors_run_path_in_value_and_gradient(sigma, seed, shape, dtype):
     """Their actor (verl/workers/actor/dp_actor.py) passes ``config.get("miniclip_low", None)``
-    and no training script sets it: the runs behind the paper had no floors."""
-    logprobs, old, advantages, mask = stale_batch(sigma, seed)
+    and no training script sets it: the runs behind the paper had no floors. The token at
+    the cap keeps its gradient in both (its ratio equals the bound: torch.clamp is
+    inclusive), so the clipped tokens are the same ones."""
+    logprobs, old, advantages, mask = stale_batch(sigma, seed, shape, dtype)
     ours, metrics = compute_m2po_loss(logprobs, old, advantages, mask, m2_threshold=0.04, mode="trust_region")
     (grad,) = torch.autograd.grad(ours, logprobs)
     reference = _reference_loss(old, logprobs, advantages, mask, 0.04, miniclip_low=None, miniclip_high=None)
     (grad_ref,) = torch.autograd.grad(reference, logprobs)
-    assert ours.item() == pytest.approx(reference.item(), abs=1e-5)
-    assert torch.allclose(grad, grad_ref, atol=1e-5)
+    assert ours.item() == pytest.approx(reference.item(), abs=1e-6)
+    assert (grad - grad_ref).abs().max().item() <= 1e-6
+    silenced = ((grad_ref == 0) & (mask > 0) & (advantages != 0)).sum() / mask.sum()  # tokens the clip binds
+    assert metrics["clip_frac"] == pytest.approx(silenced.item(), abs=1e-6)
     assert metrics["m2_trust_region"] > 0.04 and 0 < metrics["clip_frac"] < 1  # stale: the budget binds
 
 
