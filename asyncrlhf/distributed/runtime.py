@@ -33,6 +33,7 @@ def ray_runtime(address: str | None = None, num_cpus: int | None = 2, num_gpus: 
     if ray.is_initialized():
         yield
         return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage data unless the user set it to 1
     # ray.init replaces the driver's SIGTERM handler with one that exits at once
     # (SystemExit 15, mid-step, the run left unrecorded): the caller's handling is kept.
     on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None

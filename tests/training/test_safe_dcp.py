@@ -78,6 +78,6 @@ def test_a_bytes_item_with_code_is_refused(tmp_path):
     buffer.seek(0)
     planner = SafeLoadPlanner()
     item = SimpleNamespace(dest_index=SimpleNamespace(fqn="optimizer.param_groups.0.lr"))
-    with pytest.raises(UnsafeCheckpointError, match="'optimizer.param_groups.0.lr' holds more than plain values"):
+    with pytest.raises(UnsafeCheckpointError, match=r"'optimizer\.param_groups\.0\.lr' holds more than plain values"):
         planner.load_bytes(item, buffer)
     assert not target.exists()
