@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipelines.spec.files import SpecError, flatten, spec_hash
+from pipelines.tracking.signals import shielded
 
 if TYPE_CHECKING:
     from pipelines.spec import ExperimentSpec
@@ -67,7 +68,13 @@ class Checkpoints:
         return sorted(int(name.removeprefix("step-")) for name in names if name.removeprefix("step-").isdigit())
 
     def save(self, state: dict[str, Any], step: int, spec_hash: str) -> Path:
-        """Write ``state`` as the checkpoint of ``step``, atomically; prune old ones."""
+        """Write ``state`` as the checkpoint of ``step``, atomically; prune old ones. A
+        signal meanwhile waits for the write's end (a second Ctrl-C inside ``torch.save``
+        surfaced as ``RuntimeError: unexpected pos`` and failed the run)."""
+        with shielded():
+            return self._save(state, step, spec_hash)
+
+    def _save(self, state: dict[str, Any], step: int, spec_hash: str) -> Path:
         begin = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"step-{step:06d}"

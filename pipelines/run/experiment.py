@@ -22,7 +22,7 @@ from asyncrlhf.training import TrainerWorker
 from asyncrlhf.training.lora import write_adapter
 from pipelines.run.checkpoint_store import CheckpointError, Checkpoints, check_resume, checkpoint_folder, resume_key
 from pipelines.run.layout import check_lora, ray_layout
-from pipelines.run.processes import InterruptedBeforeRun, RunInterrupted, stop_on_signals, stop_requested
+from pipelines.run.processes import InterruptedBeforeRun, RunInterrupted, shielded, stop_on_signals, stop_requested
 from pipelines.spec import ExperimentSpec
 from pipelines.spec.files import SpecError
 from pipelines.spec.memory import check_fits
@@ -277,7 +277,7 @@ def run_experiment(
                 runtime = build_runtime(spec, on_metrics=fan_out, on_table=tables, on_data=data.update)
             except (ValueError, OSError) as err:  # the spec's data or model cannot be used: no run exists yet
                 raise SpecError(f"{type(err).__name__}: {err}" if isinstance(err, OSError) else str(err)) from err
-            stack.callback(runtime.close)  # actors, a decoded reward's pool
+            stack.callback(_closing, runtime)  # actors, a decoded reward's pool
             run_id, store, begun = _open_run(spec, runtime, tracker, store, resume, checkpoint_dir, restore, stack)
             if tracker is not None and resume is None:
                 tracker.log_opening_figures(data)  # whole-run figures known at the start, at step 0
@@ -289,6 +289,14 @@ def run_experiment(
     final = history.final()
     final.update(extra)
     return RunResult(run_id, final, history, tracker.uri if tracker else None)
+
+
+def _closing(runtime: Runtime) -> None:
+    """Close the runtime whatever signals come meanwhile: a second Ctrl-C that cut the
+    join of its rollout thread left the thread in a torch kernel at exit (the process
+    then aborted: "terminate called without an active exception")."""
+    with shielded(reraise=False):
+        runtime.close()
 
 
 def _open_run(

@@ -13,6 +13,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pipelines.tracking.signals import (
+    deferred_interrupts,
+    exit_code,
+    handling,
+    held_back,
+    shielded,
+    sigterm_interrupts,
+    stop_requested,
+)
+
 __all__ = [
     "InterruptedBeforeRun",
     "RunInterrupted",
@@ -20,76 +30,11 @@ __all__ = [
     "end_group",
     "exit_code",
     "serve",
+    "shielded",
     "sigterm_interrupts",
     "stop_on_signals",
     "stop_requested",
 ]
-
-
-_received: list[str] = []  # signals sigterm_interrupts caught in this process, while it is active
-_held: list[str] | None = None  # inside deferred_interrupts: the signal it holds back, if any
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[list[str]]:
-    """While inside, SIGTERM (and Ctrl-C) raise KeyboardInterrupt (``timeout``, ``docker
-    stop``, Slurm and Kubernetes send SIGTERM), so one clean-up path serves both. The list
-    yielded records the signal's name: libraries between the handler and the caller (Ray
-    waits, for one) may re-raise a bare KeyboardInterrupt, so the exit code is taken from
-    it, not from the exception.
-
-    An exception raised by a signal handler is lost if it lands in a weakref callback or a
-    ``__del__`` ("Exception ignored in…"); a loop that must stop on a signal also polls
-    :func:`stop_requested`. Inside :func:`deferred_interrupts` the first signal waits for
-    the block's end.
-    """
-    received: list[str] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        received.append(name)
-        _received.append(name)
-        if _held == []:  # bookkeeping under way: raised when it is done
-            _held.append(name)
-            return
-        raise KeyboardInterrupt(name)
-
-    try:
-        with _handling(handler):
-            yield received
-    finally:
-        _received.clear()
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """While inside, the first SIGTERM or Ctrl-C that :func:`sigterm_interrupts` catches is
-    held back and raised as KeyboardInterrupt when the block ends; a second one raises at
-    once. For bookkeeping of several writes that a signal must not cut in two: a sweep
-    enqueueing a grid point and counting it, a trial told to Optuna and its run ended in
-    MLflow. A signal raised anywhere left the two stores disagreeing (the last CI: a grid
-    point enqueued, not counted, then run twice, and another never). Nested blocks are one."""
-    global _held
-    if _held is not None:
-        yield
-        return
-    _held = []
-    try:
-        yield
-    finally:
-        held, _held = _held, None
-    if held:
-        raise KeyboardInterrupt(held[0])
-
-
-def stop_requested() -> str | None:
-    """The signal :func:`sigterm_interrupts` caught, if any (its interrupt may have been lost)."""
-    return _received[-1] if _received else None
-
-
-def exit_code(received: list[str]) -> int:
-    """143 after SIGTERM, else 130 (Ctrl-C)."""
-    return 143 if "SIGTERM" in received else 130
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -165,20 +110,10 @@ def stop_on_signals() -> Iterator[list[str]]:
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        requested.append(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if requested and signum == signal.SIGINT and not held_back(name):
+            raise KeyboardInterrupt(name)
+        requested.append(name)
 
-    with _handling(handler):
+    with handling(handler):
         yield requested
-
-
-@contextlib.contextmanager
-def _handling(handler: Any) -> Iterator[None]:
-    """``handler`` for SIGTERM and SIGINT while inside; the previous handlers after."""
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -28,6 +28,7 @@ from pipelines.spec import ExperimentSpec, TrackingSpec
 from pipelines.spec.files import flatten, inapplicable, spec_hash
 from pipelines.tracking.evaltable import EvalTable
 from pipelines.tracking.names import experiment_runs, run_tags, save_view
+from pipelines.tracking.signals import shielded
 from pipelines.tracking.store import (
     ARTIFACTS_TAG,
     DEFAULT_TRACKING_URI,
@@ -188,14 +189,15 @@ class Tracker:
         tags["spec.name"] = spec.name  # bookkeeping as tags: the params are the experiment's knobs
         if spec.description:
             tags["mlflow.note.content"] = spec.description  # the run's description box in the UI
-        run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
-        self.run_id = run.info.run_id
-        self.title = plot_title(run.info.run_name, knobs(spec))
-        if parent_run_id is None:  # a sweep saves its experiment's view, by its objective
-            save_view(self.client, experiment_id, runs=[run, *others])
-        self.heartbeat.beat(self.run_id)
-        self._monitor_system(resumed=False)
         with self.failing():
+            with shielded():  # a signal between the run's creation and its id's record left it RUNNING
+                run = self.client.create_run(experiment_id, tags=tags, run_name=self.config.run_name or spec.name)
+                self.run_id = run.info.run_id
+            self.title = plot_title(run.info.run_name, knobs(spec))
+            if parent_run_id is None:  # a sweep saves its experiment's view, by its objective
+                save_view(self.client, experiment_id, runs=[run, *others])
+            self.heartbeat.beat(self.run_id)
+            self._monitor_system(resumed=False)
             params = [Param(k, v[:6000]) for k, v in knobs(spec).items()]
             self.client.log_batch(self.run_id, params=params, synchronous=True)  # MLflow splits it to its limits
             text = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
@@ -325,7 +327,8 @@ class Tracker:
             for path in sorted(artifacts.iterdir()):
                 folder = "plots" if path.suffix == ".png" else "history"
                 self.client.log_artifact(self.run_id, str(path), folder)
-        self._end(status, "finished" if status == "FINISHED" else "stopped")
+        with shielded():
+            self._end(status, "finished" if status == "FINISHED" else "stopped")
         self.finish_seconds += time.perf_counter() - begin
 
     def fail(self, error: BaseException) -> None:
@@ -335,11 +338,12 @@ class Tracker:
             return
         message = f"{type(error).__name__}: {error}"[:4000]
         killed = isinstance(error, KeyboardInterrupt)
-        try:
-            self.flush()
-        except Exception as err:  # a full disk, say: the error that ended the run is the one to report
-            warnings.warn(f"the last metrics could not be logged ({type(err).__name__}: {err})", stacklevel=2)
-        self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
+        with shielded(reraise=False):  # a second Ctrl-C waits: the run is marked before the process exits
+            try:
+                self.flush()
+            except Exception as err:  # a full disk, say: the error that ended the run is the one to report
+                warnings.warn(f"the last metrics could not be logged ({type(err).__name__}: {err})", stacklevel=2)
+            self._end("KILLED" if killed else "FAILED", "killed" if killed else "failed", {"error": message})
 
     def _monitor_system(self, resumed: bool) -> None:
         if self.config.system_metrics:
