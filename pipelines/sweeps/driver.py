@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.run.checkpoint_store import checkpoint_folder
-from pipelines.run.processes import deferred_interrupts, stop_requested
+from pipelines.run.processes import shielded, stop_requested
 from pipelines.spec import spec_from_dict
 from pipelines.spec.files import SpecError, set_path
 from pipelines.sweeps import runs as sweep_runs
@@ -114,14 +114,15 @@ class Driver:
             signalled = stop_requested()
             if signalled is not None:  # its KeyboardInterrupt was swallowed (a weakref callback, a __del__)
                 raise KeyboardInterrupt(signalled)
-            # A signal lands between writes only while the driver waits: Optuna and MLflow
-            # are never left half-told (a grid point enqueued and not counted ran twice)
-            with deferred_interrupts():
+            # The driver's writes are shielded: a signal is taken only between them, polled
+            # here or raised as they end, so Optuna and MLflow are never left half-told
+            # (a grid point enqueued and not counted ran twice), however many signals come
+            with shielded():
                 self._fill()
                 if not self.refs:
                     return
-            ready, _ = ray.wait(list(self.refs), num_returns=1, timeout=poll_s)
-            with deferred_interrupts():
+            ready, _ = ray.wait(list(self.refs), num_returns=1, timeout=poll_s)  # waits only: may be cut
+            with shielded():
                 for ref in ready:
                     self._finish(ref, self.refs.pop(ref))
                 for job in self.refs.values():

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.run.processes import deferred_interrupts
+from pipelines.run.processes import shielded
 from pipelines.sweeps import runs as sweep_runs
 from pipelines.sweeps import study as studies
 from pipelines.sweeps.driver import Driver
@@ -67,16 +67,21 @@ def run_sweep(
         with ray_runtime(sweep.runtime.address, sweep.runtime.num_cpus):
             check_resources(sweep)
             sweep_runs.interrupt_stale(study, client)  # trials left RUNNING by a killed driver
-            parent = sweep_runs.parent_run(client, sweep, study, storage)
-            sweep_runs.end_open_children(client, parent)  # and runs it was creating
-            driver = Driver(sweep, base, study, client, parent, max_trials, on_trial)
+            parent, driver = None, None
             try:
+                with shielded():  # a signal while the parent is made waits: it is ended below
+                    parent = sweep_runs.parent_run(client, sweep, study, storage)
+                    sweep_runs.end_open_children(client, parent)  # and runs it was creating
+                driver = Driver(sweep, base, study, client, parent, max_trials, on_trial)
                 driver.run(poll_s)
             except BaseException:
-                with deferred_interrupts():  # a second signal does not cut the clean-up short
-                    driver.interrupt()
-                    end_run(client, parent, "KILLED", "interrupted")
+                with shielded(reraise=False):  # no further signal cuts the clean-up short
+                    if driver is not None:
+                        driver.interrupt()
+                    if parent is not None:
+                        end_run(client, parent, "KILLED", "interrupted")
                 raise
+            assert parent is not None and driver is not None
             report = SweepReport(sweep, trial_rows(study, sweep))
             complete = len(studies.counted(study)) >= sweep.num_trials
             resumed = len(study.user_attrs.get("resumed_runs", []))

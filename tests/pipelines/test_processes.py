@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipelines.run.processes import deferred_interrupts, sigterm_interrupts
+from pipelines.run.processes import deferred_interrupts, shielded, sigterm_interrupts
 
 
 def _signal_self(received: list[str], count: int) -> None:
@@ -53,3 +53,27 @@ def test_an_exception_inside_a_block_is_not_replaced_and_nothing_stays_held():
         with deferred_interrupts():  # nothing held from before
             pass
         assert received == []
+
+
+def test_a_shielded_block_holds_every_signal_and_raises_one_at_its_end():
+    """The writes that end a run (marked KILLED, a checkpoint, the runtime closed) are not
+    cut short however many signals come; ``reraise=False`` drops them (already stopping)."""
+    steps: list[str] = []
+    with sigterm_interrupts() as received:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"), shielded():
+            for count in (1, 2, 3):
+                _signal_self(received, count)
+                steps.append(f"write {count}")
+        assert steps == ["write 1", "write 2", "write 3"]
+        with shielded(reraise=False):
+            _signal_self(received, 4)
+            _signal_self(received, 5)
+            steps.append("the run marked KILLED")
+        assert steps[-1] == "the run marked KILLED" and len(received) == 5
+        with pytest.raises(KeyboardInterrupt), deferred_interrupts():  # shielded inside deferred
+            with shielded():
+                _signal_self(received, 6)
+                _signal_self(received, 7)
+                steps.append("inner")
+            steps.append("the enclosing block's last write")
+        assert steps[-2:] == ["inner", "the enclosing block's last write"]
