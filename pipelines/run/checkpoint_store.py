@@ -245,6 +245,13 @@ def may_change_on_resume(key: str) -> bool:
     return key == "trainer.steps" or key in cluster or key.startswith(("tracking.", "runtime.trainer."))
 
 
+def _refuse_code(store: Checkpoints, run_id: str) -> None:
+    try:
+        store.refuse_code()
+    except CheckpointError as err:
+        raise SpecError(f"--resume {run_id}: {err}") from None
+
+
 def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Checkpoints:
     """The checkpoints of ``run_id`` if ``spec`` may continue it; else a SpecError naming
     why (unknown run, another experiment, a changed spec, nothing left to run). The spec
@@ -292,10 +299,7 @@ def check_resume(spec: ExperimentSpec, run_id: str, force: bool = False) -> Chec
     steps = store.steps()
     if not steps:
         raise SpecError(f"--resume {run_id}: the run has no checkpoint in {store.folder}")
-    try:
-        store.refuse_code()  # before anything is built
-    except CheckpointError as err:
-        raise SpecError(f"--resume {run_id}: {err}") from None
+    _refuse_code(store, run_id)  # before anything is built
     # A run checkpointed at its last step but not FINISHED stopped during its final upload:
     # resuming it with the same steps finishes it (metrics, plots, policy), training nothing.
     unfinished_end = spec.trainer.steps == steps[-1] and run.info.status != "FINISHED"

@@ -204,8 +204,7 @@ def _on_eval(spec: ExperimentSpec, problems: list[Any], tokenizer: Any, on_table
 
 
 def _actor_engine(spec: ExperimentSpec, path: str, trusted: bool, worker: int) -> Any:
-    """Inside a rollout actor: its own model (vLLM loads the path itself); the spec's
-    plugins and custom model code were trusted by the driver (``trusted``) or refused."""
+    """Inside a rollout actor: its own model (vLLM loads the path itself); ``trusted``: the driver's."""
     import_plugins(spec.plugins)  # their reward terms
     seed_everything(spec.seed + 1 + worker)
     device = _device(spec)
@@ -292,9 +291,7 @@ def run_experiment(
 
 
 def _closing(runtime: Runtime) -> None:
-    """Close the runtime whatever signals come meanwhile: a second Ctrl-C that cut the
-    join of its rollout thread left the thread in a torch kernel at exit (the process
-    then aborted: "terminate called without an active exception")."""
+    """Close the runtime whatever signals come meanwhile (a cut join left its thread running at exit)."""
     with shielded(reraise=False):
         runtime.close()
 
