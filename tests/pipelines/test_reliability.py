@@ -183,9 +183,9 @@ def test_a_stop_whose_interrupt_was_lost_at_start_up_still_stops_with_a_checkpoi
     """SIGTERM 5 s into a run on a new store: its KeyboardInterrupt was raised inside a
     finalizer ("Exception ignored in…") and the run trained to the end, FINISHED, exit 0
     (3 of 21 tries). The handler also records the signal; the step loop now polls it."""
-    from pipelines.tracking import signals
     from pipelines.run.checkpoint_store import checkpoint_folder
     from pipelines.run.processes import RunInterrupted
+    from pipelines.tracking import signals
 
     monkeypatch.setattr(signals, "_received", ["SIGTERM"])  # caught at start-up, its interrupt lost
     spec = load_spec(
