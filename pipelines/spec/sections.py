@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from asyncrlhf.orchestration.schedule import Mode
 from asyncrlhf.training.trainer import LrDecay
 from pipelines.spec.files import _Section, when
-from pipelines.spec.trust import importing, is_builtin_path, names_unchecked, note_unchecked
+from pipelines.spec.trust import importing, is_builtin_path, is_user_path, names_unchecked, note_unchecked
 
 __all__ = [
     "ActorSpec",
@@ -93,7 +93,7 @@ class RewardTermSpec(_Section):
 
         if kind == "decoded" or kind in available_rewards():
             return kind
-        if not importing() and not is_builtin_path(kind) and (":" in kind or "." in kind):
+        if not importing() and is_user_path(kind):
             return kind  # user code, not imported: listed as what a run would import
         if names_unchecked():
             note_unchecked(f"rewards kind {kind!r} (not registered: a plugin may register it)")

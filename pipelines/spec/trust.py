@@ -27,6 +27,7 @@ __all__ = [
     "code_trusted",
     "importing",
     "is_builtin_path",
+    "is_user_path",
     "model_custom_code",
     "names_unchecked",
     "note_unchecked",
@@ -142,7 +143,7 @@ def code_in_spec(data: Any) -> list[str]:
         if not isinstance(term, dict):
             continue
         kind = term.get("kind")
-        if isinstance(kind, str) and kind not in registered and kind != "decoded" and _dotted(kind):
+        if isinstance(kind, str) and kind not in registered and kind != "decoded" and is_user_path(kind):
             found.append(f"rewards.{index}.kind: {kind!r} (a module's function)")
         scorer = term.get("scorer")
         if isinstance(scorer, str) and not is_builtin_path(scorer):
@@ -155,7 +156,8 @@ def code_in_spec(data: Any) -> list[str]:
     return found
 
 
-def _dotted(kind: str) -> bool:
+def is_user_path(kind: str) -> bool:
+    """A ``module:function`` (or dotted) path to code outside the package."""
     return not is_builtin_path(kind) and (":" in kind or "." in kind)
 
 
